@@ -1,0 +1,195 @@
+// Package backend is the contract a lock store implements. Application code
+// should use package lock (github.com/distlock/lock); this package is for
+// people writing a backend.
+//
+// A backend does one atomic step per call and no policy: it never retries,
+// never sleeps, never renews on its own schedule and never measures validity.
+// Package lock does all of that once, for every backend. Prove a backend with
+// package conformance, which drives it through package lock.
+//
+// # Keys, tokens and TTLs
+//
+// Package lock validates its input before calling a backend: a key is 1 to
+// lock.MaxKeyLen bytes of valid UTF-8, a token is 32 lower-case hex digits
+// (128 random bits, unique per acquisition), a TTL is positive and at least
+// Capabilities.MinTTL. A backend may still reject input it cannot store with
+// an error wrapping ErrInvalid.
+//
+// # Errors
+//
+// Return ErrLocked (via Locked, to carry the holder's remaining TTL) when the
+// key is held by another token, and ErrNotHeld when a renew or release finds
+// the key free or held by another token. Any other error means the outcome is
+// unknown to the caller (the request may or may not have taken effect); wrap
+// the store's error so that errors.As reaches it. When ctx ends, return an
+// error that wraps ctx.Err().
+package backend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors of the contract. Package lock re-exports them, so
+// errors.Is(err, lock.ErrLocked) holds for a backend's ErrLocked.
+var (
+	// ErrLocked: the key is held by another token.
+	ErrLocked = errors.New("lock: held by another owner")
+	// ErrNotHeld: the key is not held by the given token (free, expired, or
+	// held by someone else).
+	ErrNotHeld = errors.New("lock: not held by this owner")
+	// ErrInvalid: the input cannot be accepted. Nothing was changed.
+	ErrInvalid = errors.New("lock: invalid argument")
+	// ErrClosed: the backend or client was closed.
+	ErrClosed = errors.New("lock: closed")
+)
+
+// Backend is the contract. Implementations must be safe for concurrent use.
+//
+// Every method is atomic on the store: another client observes either none or
+// all of its effect. Every method should be one round trip where the store
+// allows it.
+type Backend interface {
+	// Acquire takes key for token for ttl if the key is free or its previous
+	// holder's TTL has run out.
+	//
+	// On success it returns a Grant whose Fence is greater than every fence
+	// granted before for this key by this store, and whose TTL is the TTL the
+	// store will enforce (it may round ttl up to its granularity, never down).
+	// The store must not expire the lock earlier than ttl after it received
+	// the request.
+	//
+	// If another token holds the key, it returns an error for which
+	// errors.Is(err, ErrLocked) holds; use Locked to report the holder's
+	// remaining TTL when it is cheap to know.
+	//
+	// If token already holds key, Acquire returns ErrLocked too: a token is
+	// used for one acquisition only, and re-entrancy is not part of the
+	// contract.
+	Acquire(ctx context.Context, key, token string, ttl time.Duration) (Grant, error)
+
+	// Renew extends the lock that token holds on key to ttl from now and
+	// returns the same fence it was granted with. If the key is free, expired,
+	// or held by another token, it returns ErrNotHeld and changes nothing: a
+	// renew never re-acquires.
+	Renew(ctx context.Context, key, token string, ttl time.Duration) (Grant, error)
+
+	// Release frees key if token holds it. Otherwise it returns ErrNotHeld
+	// and changes nothing.
+	Release(ctx context.Context, key, token string) error
+
+	// Close releases the backend's resources. It does not release held locks;
+	// they expire. Calls after Close return ErrClosed.
+	Close() error
+}
+
+// Grant describes a lock the store granted.
+type Grant struct {
+	// Fence is the fencing token: > 0 and strictly increasing over successive
+	// grants of the same key.
+	Fence uint64
+	// TTL is the time to live the store enforces, >= the requested TTL.
+	// Zero means exactly the requested TTL.
+	TTL time.Duration
+}
+
+// LockedError is the error Acquire returns when another token holds the key.
+// errors.Is(err, ErrLocked) holds for it.
+type LockedError struct {
+	// Remaining is the holder's remaining TTL as the store saw it, or 0 when
+	// unknown.
+	Remaining time.Duration
+}
+
+// Locked returns a *LockedError with the holder's remaining TTL; pass 0 when
+// it is unknown.
+func Locked(remaining time.Duration) error {
+	return &LockedError{Remaining: remaining}
+}
+
+func (e *LockedError) Error() string {
+	if e.Remaining > 0 {
+		return fmt.Sprintf("%v (expires in %v unless renewed)", ErrLocked, e.Remaining)
+	}
+	return ErrLocked.Error()
+}
+
+// Is makes errors.Is(err, ErrLocked) hold.
+func (e *LockedError) Is(target error) bool { return target == ErrLocked }
+
+// Notifier is an optional interface: a backend that can tell waiters when a
+// key may have become free (released, expired, or deleted) implements it, and
+// package lock then waits on it instead of polling.
+type Notifier interface {
+	// Watch starts watching key. The returned Watch's C receives a value
+	// (non-blocking, buffered one) after any change of key that may have made
+	// it free, from the moment Watch returns. Spurious wake-ups are allowed;
+	// missed ones are not for releases, and package lock still bounds every
+	// wait by the holder's remaining TTL, so a missed expiry costs latency,
+	// not progress. Close the Watch when done.
+	Watch(ctx context.Context, key string) (Watch, error)
+}
+
+// Watch is a subscription returned by Notifier.Watch.
+type Watch interface {
+	C() <-chan struct{}
+	Close() error
+}
+
+// Describer is an optional interface reporting what a backend guarantees.
+// Package lock uses MinTTL to validate input; the conformance suite uses the
+// rest to derive its waits and its checks.
+type Describer interface {
+	Capabilities() Capabilities
+}
+
+// Capabilities describes a backend's limits and guarantees.
+type Capabilities struct {
+	// MinTTL is the shortest TTL the store accepts. Package lock rejects
+	// shorter ones with ErrInvalid before calling the backend.
+	MinTTL time.Duration
+	// Granularity is the unit the store rounds TTLs up to (1ms for Redis
+	// PX, 1s for etcd leases). Zero means exact.
+	Granularity time.Duration
+	// ExpiryFactor and ExpirySlack bound how late the store may expire a
+	// lock: at most ttl*ExpiryFactor + ExpirySlack after it granted or
+	// renewed it. A factor of 0 counts as 1.
+	ExpiryFactor float64
+	ExpirySlack  time.Duration
+	// DurableFence is true when fences stay strictly increasing across a
+	// restart of the store in its documented safe configuration.
+	DurableFence bool
+	// FIFO is true when waiters are served in arrival order.
+	FIFO bool
+}
+
+// LatestExpiry returns how long after a grant of ttl the store may still hold
+// the lock at the latest.
+func (c Capabilities) LatestExpiry(ttl time.Duration) time.Duration {
+	f := c.ExpiryFactor
+	if f < 1 {
+		f = 1
+	}
+	return time.Duration(float64(ttl)*f) + c.ExpirySlack
+}
+
+// Inspector is an optional interface for reading the current holder of a key,
+// for tools and tests. It is a read: it never changes the lock.
+type Inspector interface {
+	// Inspect returns the holder of key, or a Holder with Held false when the
+	// key is free.
+	Inspect(ctx context.Context, key string) (Holder, error)
+}
+
+// Holder describes the current holder of a key.
+type Holder struct {
+	Held bool
+	// Token of the holder. Empty when the store does not reveal it.
+	Token string
+	// Fence the holder was granted.
+	Fence uint64
+	// Remaining TTL as the store sees it, or 0 when unknown.
+	Remaining time.Duration
+}

@@ -1,0 +1,347 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/clock"
+)
+
+type leaseState uint8
+
+const (
+	stateHeld leaseState = iota
+	stateReleased
+	stateLost
+)
+
+// closedChan is the Done channel of leases that ended before anyone asked.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// Lease is one held lock. Its methods are safe for concurrent use.
+//
+// A Lease is valid until its Deadline, which renewals move forward. When the
+// deadline passes without a successful renewal, or the store reports that
+// the lock is no longer this owner's, the lease is lost: Done is closed and
+// Err returns an error wrapping ErrLost. Stop touching the protected resource
+// then.
+type Lease struct {
+	c         *Client
+	key       string
+	token     string
+	fence     uint64
+	ttl       time.Duration
+	drift     time.Duration
+	clock     clock.Clock
+	maxHold   time.Duration
+	acquired  time.Time // when the acquire request was sent
+	autoRenew bool
+
+	mu       sync.Mutex
+	state    leaseState
+	err      error // why the lease ended; nil while held
+	deadline time.Time
+	renewAt  time.Time
+	renewing bool
+	capped   bool  // the watchdog stopped at the maximum hold time
+	lastErr  error // the last failed renewal
+	timer    clock.Timer
+	gen      uint64 // invalidates callbacks of replaced timers
+	done     chan struct{}
+	hooks    []func(error)
+	cancel   context.CancelFunc // of an automatic renewal in flight
+}
+
+func (c *Client) newLease(key, token string, cfg *config, sent time.Time, g backend.Grant) *Lease {
+	ttl := cfg.ttl
+	if g.TTL > 0 && g.TTL < ttl {
+		ttl = g.TTL
+	}
+	l := &Lease{
+		c:         c,
+		key:       key,
+		token:     token,
+		fence:     g.Fence,
+		ttl:       ttl,
+		drift:     cfg.driftFor(ttl),
+		clock:     cfg.clock,
+		maxHold:   cfg.maxHold,
+		acquired:  sent,
+		autoRenew: cfg.autoRenew,
+	}
+	l.mu.Lock()
+	l.extendLocked(sent)
+	l.armLocked()
+	l.mu.Unlock()
+	return l
+}
+
+// Key returns the locked key.
+func (l *Lease) Key() string { return l.key }
+
+// Token returns the owner token: 32 hex digits, 128 random bits, unique to
+// this acquisition. The store checks it on every renew and release.
+func (l *Lease) Token() string { return l.token }
+
+// Fence returns the fencing token: > 0 and strictly increasing over successive
+// holders of the key. Send it with every write to the protected resource and
+// have the resource reject a fence lower than the highest it has accepted;
+// that keeps a paused or partitioned former holder from doing damage after
+// its lease ran out.
+func (l *Lease) Fence() uint64 { return l.fence }
+
+// TTL returns the lease's time to live.
+func (l *Lease) TTL() time.Duration { return l.ttl }
+
+// Deadline returns when the lease stops being valid unless renewed: the send
+// time of the last successful acquire or renew request, plus the TTL, minus
+// the drift allowance, on the client's clock.
+func (l *Lease) Deadline() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.deadline
+}
+
+// Done returns a channel that is closed when the lease ends: lost or
+// released. Err tells which.
+func (l *Lease) Done() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.checkDeadlineLocked()
+	if l.done == nil {
+		if l.state != stateHeld {
+			l.done = closedChan
+		} else {
+			l.done = make(chan struct{})
+		}
+	}
+	return l.done
+}
+
+// Err returns nil while the lease is held, an error wrapping ErrLost once it
+// is lost, and ErrReleased after a release.
+func (l *Lease) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.checkDeadlineLocked()
+	return l.err
+}
+
+// Renew extends the lease by its TTL from now. It returns an error wrapping
+// ErrLost, and sends nothing to the store, when the lease is already lost;
+// ErrReleased after Release. When the store says the lock is no longer this
+// owner's, the lease becomes lost. Any other error leaves the lease valid
+// until its current deadline.
+func (l *Lease) Renew(ctx context.Context) error {
+	if ctx == nil {
+		return invalid(ErrInvalid, "renew %q: nil context", l.key)
+	}
+	return l.renew(ctx)
+}
+
+// Release frees the lock. It returns nil when the lock was held until the
+// release; an error wrapping ErrLost when the lease had been lost (the store
+// is asked to free the key anyway, token-checked, so it cannot touch a
+// successor's lock); or the store's error, in which case the lock expires
+// after its TTL. Releasing twice returns nil.
+func (l *Lease) Release(ctx context.Context) error {
+	if ctx == nil {
+		return invalid(ErrInvalid, "release %q: nil context", l.key)
+	}
+	l.mu.Lock()
+	l.checkDeadlineLocked()
+	switch l.state {
+	case stateReleased:
+		l.mu.Unlock()
+		return nil
+	case stateHeld:
+		l.endLocked(stateReleased, ErrReleased)
+	}
+	lostErr := l.err
+	if lostErr == ErrReleased {
+		lostErr = nil
+	}
+	l.mu.Unlock()
+
+	err := l.c.b.Release(ctx, l.key, l.token)
+	switch {
+	case lostErr != nil:
+		return wrap("release", l.key, lostErr)
+	case err == nil:
+		return nil
+	case errors.Is(err, ErrNotHeld):
+		lost := fmt.Errorf("%w: the store no longer held it at release: %w", ErrLost, err)
+		l.mu.Lock()
+		l.err = lost
+		l.mu.Unlock()
+		return wrap("release", l.key, lost)
+	default:
+		return wrap("release", l.key, err)
+	}
+}
+
+// onEnd registers f to be called once, with the lease's error, when it ends.
+func (l *Lease) onEnd(f func(error)) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.state != stateHeld {
+		f(l.err)
+		return
+	}
+	l.hooks = append(l.hooks, f)
+}
+
+func (l *Lease) renew(ctx context.Context) error {
+	l.mu.Lock()
+	l.checkDeadlineLocked()
+	if l.state != stateHeld {
+		err := l.err
+		l.mu.Unlock()
+		return wrap("renew", l.key, err)
+	}
+	sent := l.clock.Now()
+	l.mu.Unlock()
+
+	g, err := l.c.b.Renew(ctx, l.key, l.token, l.ttl)
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.checkDeadlineLocked()
+	if l.state != stateHeld {
+		return wrap("renew", l.key, l.err)
+	}
+	if err != nil {
+		if errors.Is(err, ErrNotHeld) {
+			l.endLocked(stateLost, fmt.Errorf("%w: the store no longer holds it for this owner: %w", ErrLost, err))
+			return wrap("renew", l.key, l.err)
+		}
+		l.lastErr = err
+		return wrap("renew", l.key, err)
+	}
+	if g.TTL > 0 && g.TTL < l.ttl {
+		// The store shortened the TTL: trust the shorter one.
+		l.ttl = g.TTL
+		l.drift = min(l.drift, l.ttl/2)
+	}
+	l.lastErr = nil
+	l.extendLocked(sent)
+	return nil
+}
+
+// extendLocked moves the deadline and the next automatic renewal after a
+// successful request sent at sent.
+func (l *Lease) extendLocked(sent time.Time) {
+	if d := sent.Add(l.ttl - l.drift); d.After(l.deadline) {
+		l.deadline = d
+	}
+	l.renewAt = sent.Add(l.ttl / 3)
+}
+
+// armLocked schedules the next tick: the automatic renewal or the deadline,
+// whichever comes first.
+func (l *Lease) armLocked() {
+	next := l.deadline
+	if l.autoRenew && !l.renewing && !l.capped && l.renewAt.Before(next) {
+		next = l.renewAt
+	}
+	if l.timer != nil {
+		l.timer.Stop()
+	}
+	l.gen++
+	gen := l.gen
+	l.timer = l.clock.AfterFunc(next.Sub(l.clock.Now()), func() { l.tick(gen) })
+}
+
+func (l *Lease) tick(gen uint64) {
+	l.mu.Lock()
+	if gen != l.gen || l.state != stateHeld {
+		l.mu.Unlock()
+		return
+	}
+	if l.checkDeadlineLocked() {
+		l.mu.Unlock()
+		return
+	}
+	now := l.clock.Now()
+	if !l.autoRenew || l.renewing || l.capped || now.Before(l.renewAt) || l.c.closed.Load() {
+		l.armLocked() // woke early, or nothing to do before the deadline
+		l.mu.Unlock()
+		return
+	}
+	if l.maxHold > 0 && now.Add(l.ttl).After(l.acquired.Add(l.maxHold)) {
+		l.capped = true
+		l.armLocked()
+		l.mu.Unlock()
+		return
+	}
+	l.renewing = true
+	ctx, cancel := context.WithCancel(context.Background())
+	l.cancel = cancel
+	l.armLocked() // guard the deadline while the renewal runs
+	l.mu.Unlock()
+
+	err := l.renew(ctx)
+	cancel()
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.renewing = false
+	l.cancel = nil
+	if l.state != stateHeld {
+		return
+	}
+	if err != nil {
+		// Retry soon, while the lease is still valid.
+		now := l.clock.Now()
+		wait := min(l.ttl/3, l.deadline.Sub(now)/3)
+		l.renewAt = now.Add(max(wait, time.Millisecond))
+	}
+	l.armLocked()
+}
+
+// checkDeadlineLocked ends the lease as lost if its deadline has passed, and
+// reports whether it did.
+func (l *Lease) checkDeadlineLocked() bool {
+	if l.state != stateHeld || l.clock.Now().Before(l.deadline) {
+		return false
+	}
+	var err error
+	switch {
+	case l.capped:
+		err = fmt.Errorf("%w: maximum hold time %v reached", ErrLost, l.maxHold)
+	case l.lastErr != nil:
+		err = fmt.Errorf("%w: validity deadline passed without a successful renewal (last renewal error: %w)", ErrLost, l.lastErr)
+	case l.autoRenew:
+		err = fmt.Errorf("%w: validity deadline passed before a renewal completed", ErrLost)
+	default:
+		err = fmt.Errorf("%w: validity deadline passed (automatic renewal is off)", ErrLost)
+	}
+	l.endLocked(stateLost, err)
+	return true
+}
+
+func (l *Lease) endLocked(st leaseState, err error) {
+	l.state = st
+	l.err = err
+	l.gen++
+	if l.timer != nil {
+		l.timer.Stop()
+		l.timer = nil
+	}
+	if l.cancel != nil {
+		l.cancel()
+	}
+	if l.done == nil {
+		l.done = closedChan
+	} else if l.done != closedChan {
+		close(l.done)
+	}
+	for _, f := range l.hooks {
+		f(err)
+	}
+	l.hooks = nil
+}

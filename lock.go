@@ -1,0 +1,333 @@
+// Package lock provides distributed locks with one portable API over several
+// stores: Redis, etcd, Consul and an in-process memory store.
+//
+// A Client wraps one backend. TryAcquire makes one attempt and fails fast with
+// ErrLocked; Acquire waits until the lock is held or its context ends; Do runs
+// a function under the lock with a context that ends the moment the lock is
+// lost. A Lease is one held lock.
+//
+//	locks, err := lock.New(memory.New())
+//	...
+//	err = locks.Do(ctx, "invoice:7", func(ctx context.Context, l *lock.Lease) error {
+//		return chargeOnce(ctx, l.Fence())
+//	})
+//
+// # Promises
+//
+//   - Mutual exclusion by lease: at most one Lease for a key is valid at any
+//     moment, given client and store clocks whose rates differ by less than
+//     the drift allowance.
+//   - Every acquisition gets a fresh owner token of 128 random bits; the store
+//     checks it on renew and release, so a stale holder can never extend or
+//     delete its successor's lock.
+//   - Lease.Fence is > 0 and strictly increasing over successive holders of a
+//     key. A lease alone cannot guarantee exclusion when a holder pauses (GC,
+//     swap, a stopped VM) for longer than its TTL: pass the fence to the
+//     protected resource and have it reject fences lower than the highest it
+//     has seen.
+//   - Validity is a client-side deadline measured on the monotonic clock from
+//     when the acquire or renew request was sent: sent + TTL - drift. At the
+//     deadline the lease is lost even if the store cannot be reached: Done is
+//     closed and Err reports ErrLost, before the store can grant the key to
+//     anyone else.
+//   - The watchdog renews every lease about every TTL/3 unless turned off
+//     (WithAutoRenew), retries failed renewals while the lease is valid,
+//     never re-acquires a lost lock, and can be capped (WithMaxHold).
+//   - Acquire waits on the backend's wake-up when it offers one (a release
+//     notification), otherwise backs off with jitter; it never sleeps longer
+//     than the holder's remaining TTL where the store reports it. When its
+//     context ends it returns the context's error and leaves nothing behind.
+//   - Bad input (empty or oversized key, TTL <= 0 or below the backend's
+//     minimum, out-of-range options, a closed or nil Client) returns an error
+//     wrapping ErrInvalid or ErrClosed and changes nothing.
+//
+// # URLs
+//
+// Open builds a Client from a URL whose scheme a backend package registered
+// in its init function; import the backend for its side effect:
+//
+//	import _ "github.com/distlock/lock/memory"
+//	locks, err := lock.Open(ctx, "mem://orders?ttl=30s")
+//
+// Every scheme accepts these query parameters: ttl, drift, maxhold (Go
+// durations) and autorenew (true or false).
+//
+// # Errors
+//
+// Check errors with errors.Is against the sentinels (ErrLocked, ErrNotHeld,
+// ErrLost, ErrReleased, ErrClosed, ErrInvalid and its kinds). Messages start
+// with "lock:" and name the operation and key. The backend's own error is
+// reachable with errors.As.
+package lock
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/distlock/lock/backend"
+)
+
+// Client takes locks on one backend. It is safe for concurrent use.
+type Client struct {
+	b        backend.Backend
+	notifier backend.Notifier
+	caps     backend.Capabilities
+	cfg      config
+	closed   atomic.Bool
+	bg       sync.WaitGroup // best-effort cleanups still running
+}
+
+// New returns a Client over b with the given default options. The Client owns
+// b: Client.Close closes it. It fails with ErrInvalid when b is nil and with
+// ErrInvalidOption or ErrInvalidTTL when an option is out of range.
+func New(b backend.Backend, opts ...Option) (*Client, error) {
+	if b == nil {
+		return nil, invalid(ErrInvalid, "New: nil backend; pass one from a backend package, such as memory.New()")
+	}
+	c := &Client{b: b, cfg: defaultConfig()}
+	if n, ok := b.(backend.Notifier); ok {
+		c.notifier = n
+	}
+	if d, ok := b.(backend.Describer); ok {
+		c.caps = d.Capabilities()
+	}
+	for _, o := range opts {
+		if o != nil {
+			o(&c.cfg)
+		}
+	}
+	if c.cfg.err != nil {
+		return nil, c.cfg.err
+	}
+	if err := c.checkTTL(&c.cfg); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Capabilities reports what the backend declares about itself; the zero value
+// when it declares nothing.
+func (c *Client) Capabilities() backend.Capabilities { return c.caps }
+
+// Backend returns the backend the Client wraps, for optional interfaces such
+// as backend.Inspector.
+func (c *Client) Backend() backend.Backend { return c.b }
+
+// Close stops the client: later calls return ErrClosed, watchdogs stop
+// renewing (held leases are lost at their deadlines), and the backend is
+// closed. Release leases before closing to free their keys at once. Close is
+// idempotent.
+func (c *Client) Close() error {
+	if c == nil || !c.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	c.bg.Wait()
+	return c.b.Close()
+}
+
+// TryAcquire makes one attempt to take key. It returns ErrLocked at once when
+// another owner holds it.
+func (c *Client) TryAcquire(ctx context.Context, key string, opts ...Option) (*Lease, error) {
+	return c.acquire(ctx, "try-acquire", key, false, opts)
+}
+
+// Acquire takes key, waiting while another owner holds it, until it is held or
+// ctx ends. When ctx ends it returns an error wrapping ctx.Err() and leaves
+// nothing behind on the store.
+func (c *Client) Acquire(ctx context.Context, key string, opts ...Option) (*Lease, error) {
+	return c.acquire(ctx, "acquire", key, true, opts)
+}
+
+// Do acquires key (waiting as Acquire does), runs fn, and releases the lock.
+// The context passed to fn is cancelled the moment the lease is lost, with
+// context.Cause reporting the loss. Do returns fn's error joined with ErrLost
+// when the lease was lost before the release: the critical section may then
+// have overlapped another holder's.
+func (c *Client) Do(ctx context.Context, key string, fn func(ctx context.Context, l *Lease) error, opts ...Option) error {
+	if fn == nil {
+		return invalid(ErrInvalid, "Do %q: nil function", key)
+	}
+	l, err := c.Acquire(ctx, key, opts...)
+	if err != nil {
+		return err
+	}
+	fctx, cancel := context.WithCancelCause(ctx)
+	l.onEnd(func(cause error) { cancel(cause) })
+	fnErr := fn(fctx, l)
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), l.ttl)
+	relErr := l.Release(rctx)
+	rcancel()
+	cancel(nil)
+	return errors.Join(fnErr, relErr)
+}
+
+func (c *Client) check(op, key string, ctx context.Context) error {
+	if c == nil {
+		return invalid(ErrInvalid, "%s %q: nil Client; create one with New or Open", op, key)
+	}
+	if ctx == nil {
+		return invalid(ErrInvalid, "%s %q: nil context; pass context.Background() or a derived one", op, key)
+	}
+	if c.closed.Load() {
+		return wrap(op, key, ErrClosed)
+	}
+	return nil
+}
+
+func checkKey(op, key string) error {
+	switch {
+	case key == "":
+		return invalid(ErrInvalidKey, "%s: empty key; a key is 1 to %d bytes of UTF-8", op, MaxKeyLen)
+	case len(key) > MaxKeyLen:
+		return invalid(ErrInvalidKey, "%s: key of %d bytes; a key is 1 to %d bytes of UTF-8", op, len(key), MaxKeyLen)
+	case !utf8.ValidString(key):
+		return invalid(ErrInvalidKey, "%s: key %q is not valid UTF-8; a key is 1 to %d bytes of UTF-8", op, key, MaxKeyLen)
+	}
+	return nil
+}
+
+func (c *Client) checkTTL(cfg *config) error {
+	ttl := cfg.ttl
+	if c.caps.MinTTL > 0 && ttl < c.caps.MinTTL {
+		return invalid(ErrInvalidTTL, "TTL %v is below this backend's minimum of %v", ttl, c.caps.MinTTL)
+	}
+	if d := cfg.driftFor(ttl); d >= ttl {
+		return invalid(ErrInvalidTTL, "TTL %v leaves no validity after the drift allowance of %v; use a TTL above %v or a smaller WithDrift", ttl, d, d)
+	}
+	if cfg.maxHold > 0 && cfg.maxHold < ttl {
+		return invalid(ErrInvalidOption, "WithMaxHold(%v) is shorter than the TTL %v; use 0 (no cap) or at least the TTL", cfg.maxHold, ttl)
+	}
+	return nil
+}
+
+// newToken returns 128 random bits from crypto/rand as 32 hex digits.
+func newToken() string {
+	var raw [16]byte
+	crand.Read(raw[:]) // never fails since Go 1.24; it crashes the program instead
+	var out [32]byte
+	hex.Encode(out[:], raw[:])
+	return string(out[:])
+}
+
+func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []Option) (*Lease, error) {
+	if err := c.check(op, key, ctx); err != nil {
+		return nil, err
+	}
+	if err := checkKey(op, key); err != nil {
+		return nil, err
+	}
+	cfg := &c.cfg
+	if len(opts) > 0 {
+		local := c.cfg
+		for _, o := range opts {
+			if o != nil {
+				o(&local)
+			}
+		}
+		if local.err != nil {
+			return nil, local.err
+		}
+		if err := c.checkTTL(&local); err != nil {
+			return nil, err
+		}
+		cfg = &local
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, wrap(op, key, err)
+	}
+
+	token := newToken()
+	var watch backend.Watch
+	defer func() {
+		if watch != nil {
+			watch.Close()
+		}
+	}()
+	backoff := cfg.minBackoff
+	for {
+		sent := cfg.clock.Now()
+		g, err := c.b.Acquire(ctx, key, token, cfg.ttl)
+		if err == nil {
+			return c.newLease(key, token, cfg, sent, g), nil
+		}
+		var locked *backend.LockedError
+		isLocked := errors.As(err, &locked) || errors.Is(err, ErrLocked)
+		if !isLocked {
+			// The outcome is unknown: the store may have granted the
+			// lock. Free it in the background so nothing is left behind.
+			c.cleanup(ctx, key, token)
+			if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+				err = errors.Join(cerr, err)
+			}
+			return nil, wrap(op, key, err)
+		}
+		if !wait {
+			return nil, wrap(op, key, err)
+		}
+		var remaining time.Duration
+		if locked != nil {
+			remaining = locked.Remaining
+		}
+		if watch == nil && c.notifier != nil {
+			if w, werr := c.notifier.Watch(ctx, key); werr == nil {
+				watch = w
+				continue // the key may have been freed before the watch began
+			}
+		}
+		var delay time.Duration
+		if watch != nil {
+			// Wake-ups cover releases; the timer covers expiry.
+			delay = cfg.maxBackoff
+			if remaining > 0 {
+				delay = remaining + time.Millisecond
+			}
+		} else {
+			delay = backoff/2 + rand.N(backoff/2+1)
+			if remaining > 0 && remaining+time.Millisecond < delay {
+				delay = remaining + time.Millisecond
+			}
+			backoff = min(backoff*2, cfg.maxBackoff)
+		}
+		if err := c.sleep(ctx, cfg, delay, watch); err != nil {
+			return nil, wrap(op, key, err)
+		}
+	}
+}
+
+// sleep waits for d on the configured clock, a wake-up from w, or the end of
+// ctx, whichever comes first.
+func (c *Client) sleep(ctx context.Context, cfg *config, d time.Duration, w backend.Watch) error {
+	fired := make(chan struct{})
+	t := cfg.clock.AfterFunc(d, func() { close(fired) })
+	defer t.Stop()
+	var wake <-chan struct{}
+	if w != nil {
+		wake = w.C()
+	}
+	select {
+	case <-fired:
+	case <-wake:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
+}
+
+// cleanup releases key for token in the background after an acquire whose
+// outcome is unknown. Close waits for it.
+func (c *Client) cleanup(ctx context.Context, key, token string) {
+	c.bg.Add(1)
+	go func() {
+		defer c.bg.Done()
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ttl)
+		defer cancel()
+		_ = c.b.Release(rctx, key, token)
+	}()
+}

@@ -1,0 +1,498 @@
+// Package memory is an in-process lock store with exact semantics, for demos,
+// single-process programs and the unit tests of code that uses package lock.
+// Application code should use package lock; this package provides the store.
+//
+//	locks, err := lock.New(memory.New())
+//
+// A Store holds the locks; each Client is one independent connection to it
+// (its own fault switches), and implements backend.Backend. Several
+// lock.Clients over Clients of one Store contend for the same keys, like
+// several processes on one Redis.
+//
+// # Testing lock-loss handling
+//
+// Give the store and the lock client one *clock.Fake to drive expiry by hand,
+// and flip the fault switches to see what your code does when the store
+// misbehaves:
+//
+//   - Store.Pause and Store.Resume: the store stops answering; calls block
+//     until it resumes or their context ends.
+//   - Client.Disconnect and Client.Reconnect: one client is cut off the same
+//     way (a partition), the others go on.
+//   - Store.Restart: the store restarts, keeping its data or losing it.
+//
+// # Guarantees
+//
+//	what                     | guarantee
+//	-------------------------|------------------------------------------------
+//	mutual exclusion         | exact: a lock expires exactly TTL after the
+//	                         | request reached the store, on the store's clock
+//	fence                    | one counter for the whole store: strictly
+//	                         | increasing per key (and across keys)
+//	Restart(KeepData)        | locks and fence counter survive
+//	Restart(LoseData)        | locks and the fence counter are lost: fences
+//	                         | start again from 1 (not durable)
+//	wake-ups                 | on release and on restart; expiry is found by
+//	                         | the waiter's timer (lock caps it at the TTL)
+//
+// # URLs
+//
+// "mem://" opens a fresh private store; "mem://NAME" opens a new client of the
+// process-wide store NAME, created on first use, so two Opens of one name
+// contend for the same keys. No query parameters besides the client's own.
+package memory
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/distlock/lock"
+	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/clock"
+)
+
+// MinTTL is the shortest TTL the store accepts.
+const MinTTL = time.Millisecond
+
+const shardCount = 64
+
+// Store is an in-process lock store. It is safe for concurrent use.
+type Store struct {
+	clock  clock.Clock
+	fence  atomic.Uint64
+	seed   maphash.Seed
+	shards [shardCount]shard
+	gate   gate // Pause/Resume
+	flaws  flaws
+}
+
+type shard struct {
+	mu       sync.Mutex
+	locks    map[string]entry
+	watchers map[string]map[*watch]struct{}
+	sweepAt  int // sweep expired entries when locks grows past this
+}
+
+type entry struct {
+	token   string
+	fence   uint64
+	expires time.Time
+}
+
+// StoreOption configures a Store.
+type StoreOption func(*Store)
+
+// WithClock sets the store's clock, which decides expiry. Tests pass a
+// *clock.Fake, usually the same one given to lock.WithClock.
+func WithClock(c clock.Clock) StoreOption {
+	return func(s *Store) {
+		if c != nil {
+			s.clock = c
+		}
+	}
+}
+
+// NewStore returns an empty store.
+func NewStore(opts ...StoreOption) *Store {
+	s := &Store{clock: clock.Real, seed: maphash.MakeSeed()}
+	for _, o := range opts {
+		if o != nil {
+			o(s)
+		}
+	}
+	for i := range s.shards {
+		s.shards[i].locks = make(map[string]entry)
+		s.shards[i].sweepAt = 64
+	}
+	return s
+}
+
+// New returns a Client of a new private Store: the shortest way to a backend.
+func New(opts ...StoreOption) *Client {
+	return NewStore(opts...).NewClient()
+}
+
+// NewClient returns a new independent connection to the store.
+func (s *Store) NewClient() *Client {
+	return &Client{s: s}
+}
+
+func (s *Store) shard(key string) *shard {
+	return &s.shards[maphash.String(s.seed, key)%shardCount]
+}
+
+// Pause makes the store stop answering: every call blocks until Resume or the
+// end of its context, and then fails with the context's error. Calls already
+// inside the store finish. Leases held through it are lost at their client
+// deadlines.
+func (s *Store) Pause() { s.gate.close() }
+
+// Resume undoes Pause.
+func (s *Store) Resume() { s.gate.open() }
+
+// RestartMode says what a restart keeps.
+type RestartMode int
+
+const (
+	// KeepData: locks (with their expiry times) and the fence counter
+	// survive, as with a store that persists every write.
+	KeepData RestartMode = iota
+	// LoseData: every lock is dropped and the fence counter starts again,
+	// as with a store without persistence. Fences repeat after this.
+	LoseData
+)
+
+// Restart simulates a restart of the store. Waiters are woken, since keys may
+// have become free.
+func (s *Store) Restart(mode RestartMode) {
+	if mode == LoseData {
+		s.fence.Store(0)
+	}
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		if mode == LoseData {
+			clear(sh.locks)
+		}
+		for _, ws := range sh.watchers {
+			for w := range ws {
+				w.notify()
+			}
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// Len returns the number of unexpired locks in the store.
+func (s *Store) Len() int {
+	now := s.clock.Now()
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for _, e := range sh.locks {
+			if now.Before(e.expires) {
+				n++
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// Watchers returns the number of open watches, for leak checks in tests.
+func (s *Store) Watchers() int {
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for _, ws := range sh.watchers {
+			n += len(ws)
+		}
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// Client is one connection to a Store. It implements backend.Backend,
+// backend.Notifier, backend.Describer and backend.Inspector.
+type Client struct {
+	s      *Store
+	gate   gate // Disconnect/Reconnect
+	closed atomic.Bool
+}
+
+var (
+	_ backend.Backend   = (*Client)(nil)
+	_ backend.Notifier  = (*Client)(nil)
+	_ backend.Describer = (*Client)(nil)
+	_ backend.Inspector = (*Client)(nil)
+)
+
+// Store returns the store this client is connected to.
+func (c *Client) Store() *Store { return c.s }
+
+// Disconnect cuts this client off: its calls block until Reconnect or the end
+// of their context, as behind a network partition that drops packets.
+func (c *Client) Disconnect() { c.gate.close() }
+
+// Reconnect undoes Disconnect.
+func (c *Client) Reconnect() { c.gate.open() }
+
+// Close closes the client. Locks it holds stay until they expire.
+func (c *Client) Close() error {
+	c.closed.Store(true)
+	return nil
+}
+
+// Capabilities reports the store's guarantees.
+func (c *Client) Capabilities() backend.Capabilities {
+	return backend.Capabilities{
+		MinTTL:       MinTTL,
+		ExpiryFactor: 1,
+		DurableFence: true, // with Restart(KeepData); see the package doc
+	}
+}
+
+// enter waits until the client and the store answer.
+func (c *Client) enter(ctx context.Context) error {
+	if c.closed.Load() {
+		return backend.ErrClosed
+	}
+	if err := c.gate.wait(ctx); err != nil {
+		return err
+	}
+	if err := c.s.gate.wait(ctx); err != nil {
+		return err
+	}
+	if c.closed.Load() {
+		return backend.ErrClosed
+	}
+	return nil
+}
+
+func checkTTL(ttl time.Duration) error {
+	if ttl < MinTTL {
+		return fmt.Errorf("%w: memory: TTL %v is below the minimum of %v", backend.ErrInvalid, ttl, MinTTL)
+	}
+	return nil
+}
+
+// Acquire implements backend.Backend.
+func (c *Client) Acquire(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
+	if err := c.enter(ctx); err != nil {
+		return backend.Grant{}, err
+	}
+	if err := checkTTL(ttl); err != nil {
+		return backend.Grant{}, err
+	}
+	s := c.s
+	if s.flaws.nonAtomicAcquire {
+		return c.acquireNonAtomic(key, token, ttl)
+	}
+	sh := s.shard(key)
+	sh.mu.Lock()
+	now := s.clock.Now()
+	if e, ok := sh.locks[key]; ok && now.Before(e.expires) {
+		sh.mu.Unlock()
+		return backend.Grant{}, backend.Locked(e.expires.Sub(now))
+	}
+	fence := s.nextFence()
+	sh.locks[key] = entry{token: token, fence: fence, expires: now.Add(ttl)}
+	sh.maybeSweep(now)
+	sh.mu.Unlock()
+	return backend.Grant{Fence: fence, TTL: ttl}, nil
+}
+
+func (s *Store) nextFence() uint64 {
+	if s.flaws.repeatFence {
+		return s.fence.Add(1)/2 + 1
+	}
+	return s.fence.Add(1)
+}
+
+// maybeSweep drops expired entries when the shard has grown, so keys that
+// were never released do not pile up. Amortised O(1) per acquisition.
+func (sh *shard) maybeSweep(now time.Time) {
+	if len(sh.locks) < sh.sweepAt {
+		return
+	}
+	for k, e := range sh.locks {
+		if !now.Before(e.expires) {
+			delete(sh.locks, k)
+		}
+	}
+	sh.sweepAt = max(64, 2*len(sh.locks))
+}
+
+// Renew implements backend.Backend.
+func (c *Client) Renew(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
+	if err := c.enter(ctx); err != nil {
+		return backend.Grant{}, err
+	}
+	if err := checkTTL(ttl); err != nil {
+		return backend.Grant{}, err
+	}
+	s := c.s
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	now := s.clock.Now()
+	e, ok := sh.locks[key]
+	live := ok && now.Before(e.expires)
+	if !live || e.token != token {
+		if s.flaws.renewReacquires && (!live || !ok) {
+			e = entry{token: token, fence: s.nextFence(), expires: now.Add(ttl)}
+			sh.locks[key] = e
+			return backend.Grant{Fence: e.fence, TTL: ttl}, nil
+		}
+		return backend.Grant{}, backend.ErrNotHeld
+	}
+	e.expires = now.Add(ttl)
+	sh.locks[key] = e
+	return backend.Grant{Fence: e.fence, TTL: ttl}, nil
+}
+
+// Release implements backend.Backend.
+func (c *Client) Release(ctx context.Context, key, token string) error {
+	if err := c.enter(ctx); err != nil {
+		return err
+	}
+	s := c.s
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := sh.locks[key]
+	if !ok || (e.token != token && !s.flaws.releaseIgnoresToken) {
+		return backend.ErrNotHeld
+	}
+	delete(sh.locks, key)
+	if !s.clock.Now().Before(e.expires) {
+		return backend.ErrNotHeld // it had expired: the caller had lost it
+	}
+	for w := range sh.watchers[key] {
+		w.notify()
+	}
+	return nil
+}
+
+// Inspect implements backend.Inspector.
+func (c *Client) Inspect(ctx context.Context, key string) (backend.Holder, error) {
+	if err := c.enter(ctx); err != nil {
+		return backend.Holder{}, err
+	}
+	sh := c.s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	now := c.s.clock.Now()
+	e, ok := sh.locks[key]
+	if !ok || !now.Before(e.expires) {
+		return backend.Holder{}, nil
+	}
+	return backend.Holder{Held: true, Token: e.token, Fence: e.fence, Remaining: e.expires.Sub(now)}, nil
+}
+
+// Watch implements backend.Notifier: the watch fires on every release of key
+// and on every restart of the store.
+func (c *Client) Watch(ctx context.Context, key string) (backend.Watch, error) {
+	if err := c.enter(ctx); err != nil {
+		return nil, err
+	}
+	w := &watch{sh: c.s.shard(key), key: key, ch: make(chan struct{}, 1)}
+	w.sh.mu.Lock()
+	defer w.sh.mu.Unlock()
+	if w.sh.watchers == nil {
+		w.sh.watchers = make(map[string]map[*watch]struct{})
+	}
+	ws := w.sh.watchers[key]
+	if ws == nil {
+		ws = make(map[*watch]struct{})
+		w.sh.watchers[key] = ws
+	}
+	ws[w] = struct{}{}
+	return w, nil
+}
+
+type watch struct {
+	sh  *shard
+	key string
+	ch  chan struct{}
+}
+
+func (w *watch) C() <-chan struct{} { return w.ch }
+
+func (w *watch) notify() {
+	select {
+	case w.ch <- struct{}{}:
+	default:
+	}
+}
+
+func (w *watch) Close() error {
+	w.sh.mu.Lock()
+	defer w.sh.mu.Unlock()
+	if ws := w.sh.watchers[w.key]; ws != nil {
+		delete(ws, w)
+		if len(ws) == 0 {
+			delete(w.sh.watchers, w.key)
+		}
+	}
+	return nil
+}
+
+// gate blocks callers while closed.
+type gate struct {
+	mu     sync.Mutex
+	closed atomic.Bool
+	ch     chan struct{} // closed when the gate opens again
+}
+
+func (g *gate) close() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.closed.Load() {
+		g.ch = make(chan struct{})
+		g.closed.Store(true)
+	}
+}
+
+func (g *gate) open() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed.Load() {
+		close(g.ch)
+		g.ch = nil
+		g.closed.Store(false)
+	}
+}
+
+func (g *gate) wait(ctx context.Context) error {
+	if !g.closed.Load() {
+		return nil
+	}
+	g.mu.Lock()
+	ch := g.ch
+	g.mu.Unlock()
+	if ch == nil {
+		return nil
+	}
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+var (
+	namedMu sync.Mutex
+	named   = map[string]*Store{}
+)
+
+func init() {
+	lock.Register("mem", nil, func(ctx context.Context, u *url.URL) (backend.Backend, error) {
+		if u.RawQuery != "" {
+			return nil, fmt.Errorf("%w: mem: unexpected query %q", backend.ErrInvalid, u.RawQuery)
+		}
+		name := u.Host + u.Path
+		if u.Opaque != "" {
+			name = u.Opaque
+		}
+		if name == "" {
+			return New(), nil
+		}
+		namedMu.Lock()
+		defer namedMu.Unlock()
+		s := named[name]
+		if s == nil {
+			s = NewStore()
+			named[name] = s
+		}
+		return s.NewClient(), nil
+	})
+}

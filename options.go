@@ -1,0 +1,143 @@
+package lock
+
+import (
+	"time"
+
+	"github.com/distlock/lock/clock"
+)
+
+// Defaults of the options.
+const (
+	// DefaultTTL is the lease TTL when WithTTL is not given.
+	DefaultTTL = 10 * time.Second
+	// DefaultMinBackoff and DefaultMaxBackoff bound the waits between
+	// attempts of Acquire when the backend offers no wake-up.
+	DefaultMinBackoff = 2 * time.Millisecond
+	DefaultMaxBackoff = 500 * time.Millisecond
+	// MaxKeyLen is the longest key in bytes.
+	MaxKeyLen = 512
+)
+
+// Option configures a Client (passed to New or Open: the client's defaults)
+// or one acquisition (passed to TryAcquire, Acquire or Do: overrides the
+// defaults for that call). An option given a value outside its valid range
+// makes the call fail with ErrInvalidOption and change nothing.
+type Option func(*config)
+
+type config struct {
+	ttl        time.Duration
+	drift      time.Duration // < 0: default formula
+	autoRenew  bool
+	maxHold    time.Duration
+	minBackoff time.Duration
+	maxBackoff time.Duration
+	clock      clock.Clock
+	err        error // the first invalid option
+}
+
+func defaultConfig() config {
+	return config{
+		ttl:        DefaultTTL,
+		drift:      -1,
+		autoRenew:  true,
+		minBackoff: DefaultMinBackoff,
+		maxBackoff: DefaultMaxBackoff,
+		clock:      clock.Real,
+	}
+}
+
+func (c *config) fail(format string, args ...any) {
+	if c.err == nil {
+		c.err = invalid(ErrInvalidOption, format, args...)
+	}
+}
+
+// driftFor returns the validity margin subtracted from a lease's TTL.
+func (c *config) driftFor(ttl time.Duration) time.Duration {
+	if c.drift >= 0 {
+		return c.drift
+	}
+	return DefaultDrift(ttl)
+}
+
+// DefaultDrift is the clock-drift allowance used unless WithDrift is given:
+// 1% of the TTL plus 2ms, the value of the Redlock reference design.
+func DefaultDrift(ttl time.Duration) time.Duration {
+	return ttl/100 + 2*time.Millisecond
+}
+
+// WithTTL sets how long the store keeps a lock without renewal. Valid: > 0,
+// at least the backend's minimum, and longer than the drift allowance.
+func WithTTL(ttl time.Duration) Option {
+	return func(c *config) {
+		if ttl <= 0 {
+			if c.err == nil {
+				c.err = invalid(ErrInvalidTTL, "WithTTL(%v): the TTL must be > 0", ttl)
+			}
+			return
+		}
+		c.ttl = ttl
+	}
+}
+
+// WithDrift sets the validity margin: a lease counts as lost at
+// sent + TTL - drift, where sent is when the acquire or renew request was
+// sent, measured on the monotonic clock. It covers clock-rate differences
+// between client and store. Valid: >= 0 and shorter than the TTL. Default:
+// DefaultDrift(ttl).
+func WithDrift(drift time.Duration) Option {
+	return func(c *config) {
+		if drift < 0 {
+			c.fail("WithDrift(%v): the drift must be >= 0", drift)
+			return
+		}
+		c.drift = drift
+	}
+}
+
+// WithAutoRenew turns the watchdog on (the default) or off. The watchdog
+// renews the lease about every TTL/3, retries failed renewals while the lease
+// is still valid, and never re-acquires a lost lock.
+func WithAutoRenew(on bool) Option {
+	return func(c *config) { c.autoRenew = on }
+}
+
+// WithMaxHold caps how long the watchdog keeps a lease alive: it makes no
+// renewal that would carry the lease past max after acquisition, so the lease
+// is lost (ErrLost) by then at the latest. Explicit Renew calls are not
+// capped. Valid: >= 0; 0 means no cap (the default).
+func WithMaxHold(max time.Duration) Option {
+	return func(c *config) {
+		if max < 0 {
+			c.fail("WithMaxHold(%v): the maximum hold time must be >= 0 (0 means no cap)", max)
+			return
+		}
+		c.maxHold = max
+	}
+}
+
+// WithBackoff bounds the jittered exponential wait between attempts of
+// Acquire on backends without a wake-up. A wait never exceeds the holder's
+// remaining TTL when the backend reports it. Valid: 0 < min <= max.
+func WithBackoff(min, max time.Duration) Option {
+	return func(c *config) {
+		if min <= 0 || max < min {
+			c.fail("WithBackoff(%v, %v): need 0 < min <= max", min, max)
+			return
+		}
+		c.minBackoff, c.maxBackoff = min, max
+	}
+}
+
+// WithClock sets the clock used for validity deadlines, renewals and waits.
+// Tests pass a *clock.Fake (often the same one given to the memory backend)
+// to drive expiry by hand. Valid: non-nil.
+func WithClock(clk clock.Clock) Option {
+	return func(c *config) {
+		if clk == nil {
+			c.fail("WithClock(nil): a clock is required; use clock.Real for the system clock")
+			return
+		}
+		c.clock = clk
+	}
+}
