@@ -1,0 +1,850 @@
+package conformance
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/distlock/lock"
+	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/clock"
+)
+
+type suite struct {
+	h     Harness
+	caps  backend.Capabilities
+	short time.Duration // a TTL for the cases that wait for expiry
+	long  time.Duration // a TTL that does not run out during a case
+	slack time.Duration // scheduling allowance on top of the declared bounds
+}
+
+func newSuite(t *testing.T, h Harness) *suite {
+	caps := h.Capabilities()
+	short := max(caps.MinTTL, 200*time.Millisecond)
+	if g := caps.Granularity; g > 0 {
+		short = (short + g - 1) / g * g
+	}
+	s := &suite{
+		h:     h,
+		caps:  caps,
+		short: short,
+		long:  max(10*short, 10*time.Second),
+		slack: 500*time.Millisecond + short/2,
+	}
+	t.Logf("conformance: short TTL %v, long TTL %v, latest expiry of the short TTL %v", s.short, s.long, caps.LatestExpiry(s.short))
+	return s
+}
+
+// key returns a key unique to this run of the calling test.
+func (s *suite) key(t *testing.T) string {
+	var b [6]byte
+	crand.Read(b[:])
+	return "conformance/" + t.Name() + "/" + hex.EncodeToString(b[:])
+}
+
+func (s *suite) ctx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), caseTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// backend returns a new client of the store; the caller closes it, usually
+// through the lock.Client that owns it.
+func (s *suite) backend(t *testing.T) backend.Backend {
+	t.Helper()
+	b, err := s.h.NewBackend(s.ctx(t))
+	if err != nil {
+		t.Fatalf("harness NewBackend: %v", err)
+	}
+	if b == nil {
+		t.Fatal("harness NewBackend returned nil")
+	}
+	return b
+}
+
+// client returns a lock.Client over a new backend, closed at cleanup.
+func (s *suite) client(t *testing.T, opts ...lock.Option) *lock.Client {
+	t.Helper()
+	return s.clientOver(t, s.backend(t), opts...)
+}
+
+func (s *suite) clientOver(t *testing.T, b backend.Backend, opts ...lock.Option) *lock.Client {
+	t.Helper()
+	c, err := lock.New(b, opts...)
+	if err != nil {
+		b.Close()
+		t.Fatalf("lock.New: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func (s *suite) clients(t *testing.T, n int, opts ...lock.Option) []*lock.Client {
+	t.Helper()
+	out := make([]*lock.Client, n)
+	for i := range out {
+		out[i] = s.client(t, opts...)
+	}
+	return out
+}
+
+// waitOutExpiry sleeps until the store must have expired a lock granted for
+// ttl no later than now: waiting out a TTL is the one sleep the suite uses.
+func (s *suite) waitOutExpiry(ttl time.Duration) {
+	time.Sleep(s.caps.LatestExpiry(ttl) + s.caps.Granularity + 20*time.Millisecond)
+}
+
+func (s *suite) checkHistory(t *testing.T, rec *recorder) {
+	t.Helper()
+	if err := rec.check(checkBudget); err != nil {
+		t.Error(err)
+	}
+}
+
+// counted counts the calls that reach the store.
+type counted struct {
+	backend.Backend
+	caps  backend.Capabilities
+	calls atomic.Int64
+}
+
+func (c *counted) Acquire(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
+	c.calls.Add(1)
+	return c.Backend.Acquire(ctx, key, token, ttl)
+}
+
+func (c *counted) Renew(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
+	c.calls.Add(1)
+	return c.Backend.Renew(ctx, key, token, ttl)
+}
+
+func (c *counted) Release(ctx context.Context, key, token string) error {
+	c.calls.Add(1)
+	return c.Backend.Release(ctx, key, token)
+}
+
+func (c *counted) Capabilities() backend.Capabilities { return c.caps }
+
+func (s *suite) counted(t *testing.T) *counted {
+	return &counted{Backend: s.backend(t), caps: s.caps}
+}
+
+func (s *suite) badInput(t *testing.T) {
+	ctx := s.ctx(t)
+	cb := s.counted(t)
+	c := s.clientOver(t, cb)
+	key := s.key(t)
+	var nilCtx context.Context
+	try := func(opts ...lock.Option) func() error {
+		return func() error { _, err := c.TryAcquire(ctx, key, opts...); return err }
+	}
+	tryKey := func(k string) func() error {
+		return func() error { _, err := c.Acquire(ctx, k); return err }
+	}
+	cases := []struct {
+		name string
+		call func() error
+		want error
+	}{
+		{"empty key", tryKey(""), lock.ErrInvalidKey},
+		{"key over the limit", tryKey(strings.Repeat("k", lock.MaxKeyLen+1)), lock.ErrInvalidKey},
+		{"key not UTF-8", tryKey("bad\xff\xfekey"), lock.ErrInvalidKey},
+		{"zero TTL", try(lock.WithTTL(0)), lock.ErrInvalidTTL},
+		{"negative TTL", try(lock.WithTTL(-time.Second)), lock.ErrInvalidTTL},
+		{"TTL not above the drift", try(lock.WithTTL(s.short), lock.WithDrift(s.short)), lock.ErrInvalidTTL},
+		{"negative drift", try(lock.WithDrift(-time.Millisecond)), lock.ErrInvalidOption},
+		{"bad backoff", try(lock.WithBackoff(0, time.Second)), lock.ErrInvalidOption},
+		{"backoff max below min", try(lock.WithBackoff(time.Second, time.Millisecond)), lock.ErrInvalidOption},
+		{"nil clock", try(lock.WithClock(nil)), lock.ErrInvalidOption},
+		{"negative max hold", try(lock.WithMaxHold(-time.Second)), lock.ErrInvalidOption},
+		{"max hold below the TTL", try(lock.WithTTL(s.short), lock.WithMaxHold(s.short/2)), lock.ErrInvalidOption},
+		{"nil context", func() error { _, err := c.TryAcquire(nilCtx, key); return err }, lock.ErrInvalid},
+		{"nil context, waiting", func() error { _, err := c.Acquire(nilCtx, key); return err }, lock.ErrInvalid},
+		{"nil function", func() error { return c.Do(ctx, key, nil) }, lock.ErrInvalid},
+		{"Do with empty key", func() error {
+			return c.Do(ctx, "", func(context.Context, *lock.Lease) error { return nil })
+		}, lock.ErrInvalidKey},
+		{"nil backend", func() error { _, err := lock.New(nil); return err }, lock.ErrInvalid},
+		{"New with a bad TTL", func() error { _, err := lock.New(cb, lock.WithTTL(-1)); return err }, lock.ErrInvalidTTL},
+	}
+	if m := s.caps.MinTTL; m > time.Millisecond {
+		cases = append(cases, struct {
+			name string
+			call func() error
+			want error
+		}{"TTL below the backend minimum", try(lock.WithTTL(m-time.Millisecond), lock.WithDrift(0)), lock.ErrInvalidTTL})
+	}
+	for _, tc := range cases {
+		err := tc.call()
+		switch {
+		case err == nil:
+			t.Errorf("%s: no error; want %v", tc.name, tc.want)
+		case !errors.Is(err, tc.want):
+			t.Errorf("%s: error %q does not match %v", tc.name, err, tc.want)
+		case !strings.HasPrefix(err.Error(), "lock: "):
+			t.Errorf("%s: error %q lacks the lock: prefix", tc.name, err)
+		}
+	}
+	if n := cb.calls.Load(); n != 0 {
+		t.Errorf("bad input sent %d requests to the store; want none", n)
+	}
+
+	// The key is untouched.
+	l, err := c.TryAcquire(ctx, key, lock.WithTTL(s.long))
+	if err != nil {
+		t.Fatalf("TryAcquire of the key after bad input: %v", err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Errorf("Release: %v", err)
+	}
+	if err := l.Renew(ctx); !errors.Is(err, lock.ErrReleased) {
+		t.Errorf("Renew after Release: %v; want ErrReleased", err)
+	}
+	if err := l.Release(nilCtx); !errors.Is(err, lock.ErrInvalid) {
+		t.Errorf("Release(nil context): %v; want ErrInvalid", err)
+	}
+
+	// A closed client refuses everything without touching the store.
+	if err := c.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	before := cb.calls.Load()
+	if _, err := c.TryAcquire(ctx, key); !errors.Is(err, lock.ErrClosed) {
+		t.Errorf("TryAcquire on a closed client: %v; want ErrClosed", err)
+	}
+	if _, err := c.Acquire(ctx, key); !errors.Is(err, lock.ErrClosed) {
+		t.Errorf("Acquire on a closed client: %v; want ErrClosed", err)
+	}
+	if err := c.Do(ctx, key, func(context.Context, *lock.Lease) error { return nil }); !errors.Is(err, lock.ErrClosed) {
+		t.Errorf("Do on a closed client: %v; want ErrClosed", err)
+	}
+	if n := cb.calls.Load() - before; n != 0 {
+		t.Errorf("a closed client sent %d requests; want none", n)
+	}
+	var nilClient *lock.Client
+	if _, err := nilClient.TryAcquire(ctx, key); !errors.Is(err, lock.ErrInvalid) {
+		t.Errorf("TryAcquire on a nil *Client: %v; want ErrInvalid", err)
+	}
+}
+
+func (s *suite) tryAcquireRace(t *testing.T) {
+	const contenders, rounds = 8, 30
+	ctx := s.ctx(t)
+	clients := s.clients(t, contenders)
+	rec := newRecorder()
+	for r := 0; r < rounds; r++ {
+		key := s.key(t)
+		start := make(chan struct{})
+		var (
+			wg      sync.WaitGroup
+			mu      sync.Mutex
+			winners []*lock.Lease
+			owners  []int
+		)
+		for i, c := range clients {
+			wg.Go(func() {
+				<-start
+				l, err := rec.acquire(ctx, i, c, key, false, s.long)
+				switch {
+				case err == nil:
+					mu.Lock()
+					winners = append(winners, l)
+					owners = append(owners, i)
+					mu.Unlock()
+				case !errors.Is(err, lock.ErrLocked):
+					t.Errorf("round %d: TryAcquire: %v; want success or ErrLocked", r, err)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		if len(winners) != 1 {
+			t.Errorf("round %d: %d of %d concurrent TryAcquire calls won; want exactly 1", r, len(winners), contenders)
+		}
+		for i, l := range winners {
+			if err := rec.release(ctx, owners[i], l); err != nil && len(winners) == 1 {
+				t.Errorf("round %d: Release: %v", r, err)
+			}
+		}
+	}
+	s.checkHistory(t, rec)
+}
+
+func (s *suite) mutualExclusion(t *testing.T) {
+	const contenders, rounds = 8, 20
+	ctx := s.ctx(t)
+	key := s.key(t)
+	clients := s.clients(t, contenders)
+	rec := newRecorder()
+	var active, maxActive atomic.Int32
+	var sections atomic.Int64
+	var wg sync.WaitGroup
+	for i, c := range clients {
+		wg.Go(func() {
+			for r := 0; r < rounds; r++ {
+				l, err := rec.acquire(ctx, i, c, key, true, s.long)
+				if err != nil {
+					t.Errorf("contender %d, round %d: Acquire: %v", i, r, err)
+					return
+				}
+				n := active.Add(1)
+				for {
+					m := maxActive.Load()
+					if n <= m || maxActive.CompareAndSwap(m, n) {
+						break
+					}
+				}
+				runtime.Gosched() // give an overlapping holder the chance to show
+				if err := l.Err(); err != nil {
+					t.Errorf("contender %d: lease lost inside a short section: %v", i, err)
+				}
+				active.Add(-1)
+				sections.Add(1)
+				if err := rec.release(ctx, i, l); err != nil {
+					t.Errorf("contender %d: Release: %v", i, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if m := maxActive.Load(); m != 1 {
+		t.Errorf("up to %d holders at once; want at most 1", m)
+	}
+	if n := sections.Load(); n != contenders*rounds {
+		t.Errorf("%d critical sections completed; want %d (every contender gets the lock every time)", n, contenders*rounds)
+	}
+	s.checkHistory(t, rec)
+}
+
+func (s *suite) fencesSequential(t *testing.T) {
+	const n = 1000
+	ctx := s.ctx(t)
+	key := s.key(t)
+	c := s.client(t, lock.WithTTL(s.long))
+	var prev uint64
+	for i := 0; i < n; i++ {
+		l, err := c.TryAcquire(ctx, key)
+		if err != nil {
+			t.Fatalf("acquisition %d: %v", i, err)
+		}
+		f := l.Fence()
+		if f == 0 || f <= prev {
+			t.Fatalf("acquisition %d: fence %d after %d; want > 0 and strictly increasing", i, f, prev)
+		}
+		prev = f
+		if err := l.Release(ctx); err != nil {
+			t.Fatalf("release %d: %v", i, err)
+		}
+	}
+}
+
+func (s *suite) fencesContended(t *testing.T) {
+	const contenders, rounds = 4, 250
+	ctx := s.ctx(t)
+	key := s.key(t)
+	clients := s.clients(t, contenders)
+	rec := newRecorder()
+	var (
+		mu     sync.Mutex
+		fences []uint64
+		wg     sync.WaitGroup
+	)
+	for i, c := range clients {
+		wg.Go(func() {
+			for r := 0; r < rounds; r++ {
+				l, err := rec.acquire(ctx, i, c, key, true, s.long)
+				if err != nil {
+					t.Errorf("contender %d, round %d: Acquire: %v", i, r, err)
+					return
+				}
+				mu.Lock()
+				fences = append(fences, l.Fence())
+				mu.Unlock()
+				if err := rec.release(ctx, i, l); err != nil {
+					t.Errorf("contender %d: Release: %v", i, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if len(fences) != contenders*rounds {
+		t.Errorf("%d acquisitions; want %d", len(fences), contenders*rounds)
+	}
+	for i := 1; i < len(fences); i++ {
+		if fences[i] <= fences[i-1] || fences[i-1] == 0 {
+			t.Errorf("holder %d got fence %d after holder %d got %d; want > 0 and strictly increasing in holding order", i, fences[i], i-1, fences[i-1])
+			break
+		}
+	}
+	s.checkHistory(t, rec)
+}
+
+// staleOwner checks that the store itself refuses a stale owner's renew and
+// release. The stale owner runs on a frozen clock, so package lock believes
+// its lease valid and does send the requests: as after a client clock that
+// runs slow, or a pause between the deadline check and the request.
+func (s *suite) staleOwner(t *testing.T) {
+	type setup struct {
+		rec        *recorder
+		stale      *lock.Lease
+		successor  *lock.Lease
+		bystander  *lock.Client
+		successorC *lock.Client
+		key        string
+	}
+	prepare := func(t *testing.T, withSuccessor bool) setup {
+		ctx := s.ctx(t)
+		su := setup{rec: newRecorder(), key: s.key(t)}
+		frozen := clock.NewFake(time.Now())
+		stale := s.client(t, lock.WithClock(frozen), lock.WithAutoRenew(false))
+		l, err := su.rec.acquire(ctx, 0, stale, su.key, false, s.short)
+		if err != nil {
+			t.Fatalf("TryAcquire: %v", err)
+		}
+		su.stale = l
+		s.waitOutExpiry(s.short)
+		su.successorC = s.client(t)
+		su.bystander = s.client(t)
+		if withSuccessor {
+			su.successor, err = su.rec.acquire(ctx, 1, su.successorC, su.key, true, s.long)
+			if err != nil {
+				t.Fatalf("successor Acquire after the stale owner's TTL: %v", err)
+			}
+			if su.successor.Fence() <= l.Fence() {
+				t.Errorf("successor fence %d not above the stale owner's %d", su.successor.Fence(), l.Fence())
+			}
+		}
+		return su
+	}
+	// successorUntouched checks that the successor still holds the key.
+	successorUntouched := func(t *testing.T, su setup) {
+		ctx := s.ctx(t)
+		if _, err := su.rec.acquire(ctx, 2, su.bystander, su.key, false, s.long); !errors.Is(err, lock.ErrLocked) {
+			t.Errorf("TryAcquire by a third client: %v; want ErrLocked (the successor must still hold the key)", err)
+		}
+		if err := su.rec.renew(ctx, 1, su.successor); err != nil {
+			t.Errorf("successor Renew: %v; want success", err)
+		}
+		if in, ok := su.successorC.Backend().(backend.Inspector); ok {
+			h, err := in.Inspect(ctx, su.key)
+			if err != nil {
+				t.Errorf("Inspect: %v", err)
+			} else if !h.Held || h.Fence != su.successor.Fence() {
+				t.Errorf("Inspect: %+v; want held with the successor's fence %d", h, su.successor.Fence())
+			}
+		}
+		if err := su.rec.release(ctx, 1, su.successor); err != nil {
+			t.Errorf("successor Release: %v", err)
+		}
+		s.checkHistory(t, su.rec)
+	}
+	wantStoreSaidLost := func(t *testing.T, op string, err error) {
+		t.Helper()
+		if !errors.Is(err, lock.ErrLost) || !errors.Is(err, lock.ErrNotHeld) {
+			t.Errorf("%s by the stale owner: %v; want ErrLost from the store's ErrNotHeld", op, err)
+		}
+	}
+
+	t.Run("RenewAfterExpiry", func(t *testing.T) {
+		su := prepare(t, false)
+		ctx := s.ctx(t)
+		wantStoreSaidLost(t, "Renew", su.rec.renew(ctx, 0, su.stale))
+		l, err := su.rec.acquire(ctx, 2, su.bystander, su.key, false, s.long)
+		if err != nil {
+			t.Fatalf("TryAcquire after the stale renew: %v; want success (a renew must never re-acquire an expired lock)", err)
+		}
+		if err := su.rec.release(ctx, 2, l); err != nil {
+			t.Errorf("Release: %v", err)
+		}
+		s.checkHistory(t, su.rec)
+	})
+	t.Run("RenewAfterSuccessor", func(t *testing.T) {
+		su := prepare(t, true)
+		wantStoreSaidLost(t, "Renew", su.rec.renew(s.ctx(t), 0, su.stale))
+		successorUntouched(t, su)
+	})
+	t.Run("ReleaseAfterSuccessor", func(t *testing.T) {
+		su := prepare(t, true)
+		wantStoreSaidLost(t, "Release", su.rec.release(s.ctx(t), 0, su.stale))
+		successorUntouched(t, su)
+	})
+}
+
+// renewAfterLoss: once the client's deadline passed, Renew reports ErrLost
+// without asking the store, and the lock is not re-acquired.
+func (s *suite) renewAfterLoss(t *testing.T) {
+	ctx := s.ctx(t)
+	key := s.key(t)
+	cb := s.counted(t)
+	a := s.clientOver(t, cb, lock.WithAutoRenew(false))
+	l, err := a.TryAcquire(ctx, key, lock.WithTTL(s.short))
+	if err != nil {
+		t.Fatalf("TryAcquire: %v", err)
+	}
+	select {
+	case <-l.Done():
+	case <-time.After(s.short + s.slack):
+		t.Fatalf("lease without renewal still valid %v after acquisition; TTL %v", s.short+s.slack, s.short)
+	}
+	if now := time.Now(); now.Before(l.Deadline()) {
+		t.Errorf("Done closed %v before the deadline", l.Deadline().Sub(now))
+	}
+	if err := l.Err(); !errors.Is(err, lock.ErrLost) {
+		t.Errorf("Err after the deadline: %v; want ErrLost", err)
+	}
+	before := cb.calls.Load()
+	if err := l.Renew(ctx); !errors.Is(err, lock.ErrLost) {
+		t.Errorf("Renew after loss: %v; want ErrLost", err)
+	}
+	if n := cb.calls.Load() - before; n != 0 {
+		t.Errorf("Renew after loss sent %d requests to the store; want none", n)
+	}
+	if err := l.Release(ctx); !errors.Is(err, lock.ErrLost) {
+		t.Errorf("Release after loss: %v; want ErrLost (the caller must learn it lost the lock)", err)
+	}
+	b := s.client(t)
+	wctx, cancel := context.WithTimeout(ctx, s.caps.LatestExpiry(s.short)+s.slack)
+	defer cancel()
+	l2, err := b.Acquire(wctx, key, lock.WithTTL(s.long))
+	if err != nil {
+		t.Fatalf("Acquire by another client after the loss: %v", err)
+	}
+	if l2.Fence() <= l.Fence() {
+		t.Errorf("fence %d after %d; want strictly increasing", l2.Fence(), l.Fence())
+	}
+	if err := l2.Release(ctx); err != nil {
+		t.Errorf("Release: %v", err)
+	}
+}
+
+// takeover: a holder vanishes without releasing; a waiter gets the key after
+// the TTL, never before, and within the declared expiry bound.
+func (s *suite) takeover(t *testing.T) {
+	ctx := s.ctx(t)
+	key := s.key(t)
+	a := s.client(t, lock.WithAutoRenew(false))
+	b := s.client(t)
+	sentA := time.Now()
+	la, err := a.TryAcquire(ctx, key, lock.WithTTL(s.short))
+	if err != nil {
+		t.Fatalf("TryAcquire: %v", err)
+	}
+	gotA := time.Now()
+	// a vanishes: it never renews or releases.
+	lb, err := b.Acquire(ctx, key, lock.WithTTL(s.long))
+	if err != nil {
+		t.Fatalf("Acquire by the waiter: %v", err)
+	}
+	gotB := time.Now()
+	tolerance := max(s.caps.Granularity, time.Millisecond)
+	if early := gotB.Sub(sentA); early < s.short-tolerance {
+		t.Errorf("waiter got the key %v after the holder's request; the TTL is %v: taken over before expiry", early, s.short)
+	}
+	if late, bound := gotB.Sub(gotA), s.caps.LatestExpiry(s.short)+s.slack; late > bound {
+		t.Errorf("waiter got the key %v after the holder; want within %v (declared latest expiry plus %v)", late, bound, s.slack)
+	}
+	if lb.Fence() <= la.Fence() {
+		t.Errorf("fence %d after %d; want strictly increasing", lb.Fence(), la.Fence())
+	}
+	if err := lb.Release(ctx); err != nil {
+		t.Errorf("Release: %v", err)
+	}
+}
+
+func (s *suite) cancelWhileWaiting(t *testing.T) {
+	ctx := s.ctx(t)
+	key := s.key(t)
+	holder := s.client(t)
+	l, err := holder.TryAcquire(ctx, key, lock.WithTTL(s.long))
+	if err != nil {
+		t.Fatalf("TryAcquire: %v", err)
+	}
+	waiter := s.client(t)
+	const after = 100 * time.Millisecond
+	prompt := after + time.Second
+
+	cctx, cancel := context.WithCancel(ctx)
+	timer := time.AfterFunc(after, cancel)
+	defer timer.Stop()
+	start := time.Now()
+	_, err = waiter.Acquire(cctx, key)
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("Acquire cancelled while waiting: %v; want an error wrapping context.Canceled", err)
+	}
+	if d := time.Since(start); d > prompt {
+		t.Errorf("Acquire returned %v after its context was cancelled; want within %v", d-after, prompt-after)
+	}
+
+	dctx, dcancel := context.WithTimeout(ctx, after)
+	defer dcancel()
+	start = time.Now()
+	_, err = waiter.Acquire(dctx, key)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Acquire past its deadline: %v; want an error wrapping context.DeadlineExceeded", err)
+	}
+	if d := time.Since(start); d > prompt {
+		t.Errorf("Acquire returned %v after its deadline; want within %v", d-after, prompt-after)
+	}
+
+	// The holder is untouched, and once it releases, the key is free at
+	// once: the cancelled waiters left nothing behind.
+	if err := l.Renew(ctx); err != nil {
+		t.Errorf("holder Renew after the waiters gave up: %v", err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Errorf("holder Release: %v", err)
+	}
+	l2, err := s.client(t).TryAcquire(ctx, key, lock.WithTTL(s.long))
+	if err != nil {
+		t.Fatalf("TryAcquire after the release: %v; want success (nothing left behind by cancelled waiters)", err)
+	}
+	if err := l2.Release(ctx); err != nil {
+		t.Errorf("Release: %v", err)
+	}
+}
+
+func (s *suite) manyKeys(t *testing.T) {
+	const n, workers = 10000, 8
+	ctx := s.ctx(t)
+	before := runtime.NumGoroutine()
+	c := s.client(t, lock.WithTTL(s.long))
+	prefix := s.key(t)
+	leases := make([]*lock.Lease, n)
+	parallel := func(f func(i int) error) {
+		var wg sync.WaitGroup
+		var failures atomic.Int64
+		for w := 0; w < workers; w++ {
+			wg.Go(func() {
+				for i := w; i < n; i += workers {
+					if err := f(i); err != nil && failures.Add(1) <= 5 {
+						t.Errorf("key %d: %v", i, err)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if f := failures.Load(); f > 0 {
+			t.Fatalf("%d of %d keys failed", f, n)
+		}
+	}
+	parallel(func(i int) (err error) {
+		leases[i], err = c.TryAcquire(ctx, fmt.Sprintf("%s/%d", prefix, i))
+		return err
+	})
+	parallel(func(i int) error { return leases[i].Release(ctx) })
+
+	in, inspect := c.Backend().(backend.Inspector)
+	parallel(func(i int) error {
+		key := fmt.Sprintf("%s/%d", prefix, i)
+		if inspect {
+			h, err := in.Inspect(ctx, key)
+			if err == nil && h.Held {
+				err = fmt.Errorf("still held after release: %+v", h)
+			}
+			return err
+		}
+		l, err := c.TryAcquire(ctx, key)
+		if err != nil {
+			return fmt.Errorf("not free after release: %w", err)
+		}
+		return l.Release(ctx)
+	})
+
+	// Released leases leave no goroutines behind. Poll: goroutines of
+	// finished work exit asynchronously.
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if g := runtime.NumGoroutine(); g > before {
+		t.Errorf("%d goroutines after acquiring and releasing %d keys; %d before", g, n, before)
+	}
+}
+
+// cutOff cuts b's client off the store with the harness's hooks and returns
+// the function that undoes it. ok is false when the harness has no hook.
+func (s *suite) cutOff(t *testing.T, b backend.Backend) (undo func(), whole bool, ok bool) {
+	t.Helper()
+	ctx := s.ctx(t)
+	if d, yes := s.h.(Disconnecter); yes {
+		if err := d.Disconnect(ctx, b); err != nil {
+			t.Fatalf("harness Disconnect: %v", err)
+		}
+		var once sync.Once
+		undo = func() {
+			once.Do(func() {
+				if err := d.Reconnect(ctx, b); err != nil {
+					t.Errorf("harness Reconnect: %v", err)
+				}
+			})
+		}
+		t.Cleanup(undo)
+		return undo, false, true
+	}
+	if p, yes := s.h.(Pauser); yes {
+		if err := p.Pause(ctx); err != nil {
+			t.Fatalf("harness Pause: %v", err)
+		}
+		var once sync.Once
+		undo = func() {
+			once.Do(func() {
+				if err := p.Resume(ctx); err != nil {
+					t.Errorf("harness Resume: %v", err)
+				}
+			})
+		}
+		t.Cleanup(undo)
+		return undo, true, true
+	}
+	return nil, false, false
+}
+
+// lostSignal: the holder is cut off from the store; it must be told it lost
+// the lock before the store could grant the key to anyone else.
+func (s *suite) lostSignal(t *testing.T) {
+	ctx := s.ctx(t)
+	key := s.key(t)
+	drift := max(lock.DefaultDrift(s.short), s.short/10)
+	ab := s.backend(t)
+	a := s.clientOver(t, ab, lock.WithDrift(drift))
+	l, err := a.TryAcquire(ctx, key, lock.WithTTL(s.short))
+	if err != nil {
+		t.Fatalf("TryAcquire: %v", err)
+	}
+	undo, whole, ok := s.cutOff(t, ab)
+	if !ok {
+		t.Skip("the harness offers neither Disconnecter nor Pauser: the store cannot be cut off")
+	}
+	type got struct {
+		at  time.Time
+		l   *lock.Lease
+		err error
+	}
+	successor := make(chan got, 1)
+	if !whole {
+		b := s.client(t)
+		go func() {
+			l, err := b.Acquire(ctx, key, lock.WithTTL(s.long))
+			successor <- got{time.Now(), l, err}
+		}()
+	}
+	var lostAt time.Time
+	select {
+	case <-l.Done():
+		lostAt = time.Now()
+	case <-time.After(s.caps.LatestExpiry(s.short) + s.slack):
+		t.Fatalf("holder cut off from the store was not told within %v; TTL %v", s.caps.LatestExpiry(s.short)+s.slack, s.short)
+	}
+	if err := l.Err(); !errors.Is(err, lock.ErrLost) {
+		t.Errorf("Err: %v; want ErrLost", err)
+	}
+	deadline := l.Deadline()
+	earliestExpiry := deadline.Add(drift) // send time of the last successful request + TTL
+	if lostAt.Before(deadline) {
+		t.Errorf("told %v before its deadline", deadline.Sub(lostAt))
+	}
+	if lostAt.After(earliestExpiry) {
+		t.Errorf("told %v after the store could have expired the lock (drift margin %v)", lostAt.Sub(earliestExpiry), drift)
+	}
+	undo()
+	if whole {
+		b := s.client(t)
+		l2, err := b.Acquire(ctx, key, lock.WithTTL(s.long))
+		successor <- got{time.Now(), l2, err}
+	}
+	g := <-successor
+	if g.err != nil {
+		t.Fatalf("successor Acquire: %v", g.err)
+	}
+	if !g.at.After(lostAt) {
+		t.Errorf("successor held the key %v before the holder was told", lostAt.Sub(g.at))
+	}
+	if g.l.Fence() <= l.Fence() {
+		t.Errorf("successor fence %d after %d; want strictly increasing", g.l.Fence(), l.Fence())
+	}
+	if err := g.l.Release(ctx); err != nil {
+		t.Errorf("successor Release: %v", err)
+	}
+}
+
+// cancelWhileStoreHangs: the context ends while the acquire request is
+// unanswered; Acquire returns the context's error promptly, and once the
+// client is closed the key is free: an acquisition that did reach the store
+// was undone.
+func (s *suite) cancelWhileStoreHangs(t *testing.T) {
+	ctx := s.ctx(t)
+	key := s.key(t)
+	bb := s.backend(t)
+	b := s.clientOver(t, bb, lock.WithTTL(s.short))
+	undo, _, ok := s.cutOff(t, bb)
+	if !ok {
+		t.Skip("the harness offers neither Disconnecter nor Pauser: the store cannot be made to hang")
+	}
+	const after = 200 * time.Millisecond
+	dctx, cancel := context.WithTimeout(ctx, after)
+	defer cancel()
+	start := time.Now()
+	_, err := b.Acquire(dctx, key)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Acquire while the store hangs: %v; want an error wrapping context.DeadlineExceeded", err)
+	}
+	if d := time.Since(start); d > after+time.Second {
+		t.Errorf("Acquire returned %v after its deadline; want within 1s", d-after)
+	}
+	undo()
+	if err := b.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	l, err := s.client(t).TryAcquire(ctx, key, lock.WithTTL(s.long))
+	if err != nil {
+		t.Fatalf("TryAcquire after the abandoned Acquire: %v; want success (nothing left behind)", err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Errorf("Release: %v", err)
+	}
+}
+
+func (s *suite) fenceAfterRestart(t *testing.T) {
+	r, ok := s.h.(Restarter)
+	if !ok {
+		t.Skip("the harness offers no Restarter")
+	}
+	if !s.caps.DurableFence {
+		t.Skip("the backend declares its fences not durable across restarts")
+	}
+	ctx := s.ctx(t)
+	key := s.key(t)
+	c := s.client(t, lock.WithTTL(s.long))
+	var last uint64
+	for i := 0; i < 5; i++ {
+		l, err := c.TryAcquire(ctx, key)
+		if err != nil {
+			t.Fatalf("TryAcquire: %v", err)
+		}
+		last = l.Fence()
+		if err := l.Release(ctx); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+	}
+	if err := r.Restart(ctx, true); err != nil {
+		t.Fatalf("harness Restart: %v", err)
+	}
+	l, err := s.client(t).Acquire(ctx, key, lock.WithTTL(s.long))
+	if err != nil {
+		t.Fatalf("Acquire after restart: %v", err)
+	}
+	if l.Fence() <= last {
+		t.Errorf("fence %d after a restart that kept data; %d before: want strictly increasing", l.Fence(), last)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Errorf("Release: %v", err)
+	}
+}

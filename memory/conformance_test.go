@@ -1,0 +1,155 @@
+package memory
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/conformance"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+type harness struct{ s *Store }
+
+var (
+	_ conformance.Pauser       = harness{}
+	_ conformance.Disconnecter = harness{}
+	_ conformance.Restarter    = harness{}
+)
+
+func (h harness) NewBackend(context.Context) (backend.Backend, error) { return h.s.NewClient(), nil }
+
+func (h harness) Capabilities() backend.Capabilities { return h.s.NewClient().Capabilities() }
+
+func (h harness) Pause(context.Context) error  { h.s.Pause(); return nil }
+func (h harness) Resume(context.Context) error { h.s.Resume(); return nil }
+
+func (h harness) Disconnect(_ context.Context, b backend.Backend) error {
+	b.(*Client).Disconnect()
+	return nil
+}
+
+func (h harness) Reconnect(_ context.Context, b backend.Backend) error {
+	b.(*Client).Reconnect()
+	return nil
+}
+
+func (h harness) Restart(_ context.Context, keepData bool) error {
+	mode := LoseData
+	if keepData {
+		mode = KeepData
+	}
+	h.s.Restart(mode)
+	return nil
+}
+
+// flawEnv names a deliberate flaw for the child process that
+// TestSuiteCatchesFlaws starts; it is empty in every normal run.
+const flawEnv = "LOCK_MEMORY_FLAW"
+
+var flawSwitches = map[string]func(*flaws){
+	"release-ignores-token": func(f *flaws) { f.releaseIgnoresToken = true },
+	"renew-reacquires":      func(f *flaws) { f.renewReacquires = true },
+	"repeat-fence":          func(f *flaws) { f.repeatFence = true },
+	"non-atomic-acquire":    func(f *flaws) { f.nonAtomicAcquire = true },
+}
+
+func TestConformance(t *testing.T) {
+	var store *Store
+	conformance.Run(t, func(t *testing.T) conformance.Harness {
+		store = NewStore()
+		if name := os.Getenv(flawEnv); name != "" {
+			set, ok := flawSwitches[name]
+			if !ok {
+				t.Fatalf("%s=%q: unknown flaw", flawEnv, name)
+			}
+			set(&store.flaws)
+			t.Logf("running with the deliberate flaw %q", name)
+		}
+		return harness{store}
+	})
+	if n := store.Watchers(); n != 0 {
+		t.Errorf("%d watches left open after the suite; want 0", n)
+	}
+	if n := store.Len(); n != 0 {
+		t.Errorf("%d locks left held after the suite; want 0", n)
+	}
+}
+
+// TestSuiteCatchesFlaws runs the whole suite, in a child process, against
+// memory stores with one deliberate bug each, and checks that the suite fails
+// and that the case aimed at the bug is among the failures.
+func TestSuiteCatchesFlaws(t *testing.T) {
+	if os.Getenv(flawEnv) != "" {
+		return // this is the child: only TestConformance runs here
+	}
+	cases := []struct {
+		flaw string
+		want []string // the failing cases that must include at least these
+	}{
+		{"release-ignores-token", []string{"StaleOwner/ReleaseAfterSuccessor"}},
+		{"renew-reacquires", []string{"StaleOwner/RenewAfterExpiry"}},
+		{"repeat-fence", []string{"FencesSequential", "FencesContended"}},
+		{"non-atomic-acquire", []string{"TryAcquireRace"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.flaw, func(t *testing.T) {
+			t.Parallel()
+			cmd := exec.Command(os.Args[0], "-test.run=^TestConformance$", "-test.v", "-test.count=1", "-test.timeout=5m")
+			cmd.Env = append(os.Environ(), flawEnv+"="+tc.flaw)
+			out, err := cmd.CombinedOutput()
+			if err == nil {
+				t.Fatalf("the suite passed a backend whose %s; output:\n%s", tc.flaw, out)
+			}
+			if _, ok := err.(*exec.ExitError); !ok {
+				t.Fatalf("running the child: %v", err)
+			}
+			failed := failedCases(string(out))
+			for _, w := range tc.want {
+				if !failed["TestConformance/"+w] {
+					t.Errorf("flaw %s: case %s did not fail; failing cases: %v\n%s", tc.flaw, w, keys(failed), tail(string(out), 60))
+				}
+			}
+			t.Logf("flaw %s caught by: %v", tc.flaw, keys(failed))
+		})
+	}
+}
+
+func failedCases(out string) map[string]bool {
+	failed := map[string]bool{}
+	for _, line := range strings.Split(out, "\n") {
+		line = strings.TrimSpace(line)
+		if name, ok := strings.CutPrefix(line, "--- FAIL: "); ok {
+			if i := strings.IndexByte(name, ' '); i > 0 {
+				name = name[:i]
+			}
+			failed[name] = true
+		}
+	}
+	return failed
+}
+
+func keys(m map[string]bool) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return fmt.Sprint(strings.Join(lines, "\n"))
+}
