@@ -22,9 +22,9 @@ func op(kind opKind, owner string, call, ret int64, res result, fence uint64) po
 
 func TestLeaseModel(t *testing.T) {
 	cases := []struct {
-		name  string
-		ok    bool
-		ops   []porcupine.Operation
+		name string
+		ok   bool
+		ops  []porcupine.Operation
 	}{
 		{"acquire, release, acquire", true, []porcupine.Operation{
 			op(opAcquire, "a", 0, 1, resOK, 1),
