@@ -124,11 +124,17 @@ func (e *LockedError) Is(target error) bool { return target == ErrLocked }
 // package lock then waits on it instead of polling.
 type Notifier interface {
 	// Watch starts watching key. The returned Watch's C receives a value
-	// (non-blocking, buffered one) after any change of key that may have made
-	// it free, from the moment Watch returns. Spurious wake-ups are allowed;
-	// missed ones are not for releases, and package lock still bounds every
-	// wait by the holder's remaining TTL, so a missed expiry costs latency,
-	// not progress. Close the Watch when done.
+	// (non-blocking, buffered one) when key may have become free, from the
+	// moment Watch returns. Package lock retries the acquisition after each
+	// wake-up and closes the Watch when it took the key or gave up.
+	//
+	// The rule a Notifier must keep is progress: after a release, at least
+	// one watcher that will still try is woken. Waking every watcher keeps
+	// it trivially; waking one (the longest-waiting, to avoid a stampede)
+	// keeps it only if closing a Watch while the key is free wakes the next
+	// one. Spurious wake-ups are allowed. Wake-ups on expiry are optional:
+	// package lock bounds every wait by the holder's remaining TTL, so a
+	// missed expiry costs latency, not progress.
 	Watch(ctx context.Context, key string) (Watch, error)
 }
 

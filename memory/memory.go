@@ -43,6 +43,7 @@
 package memory
 
 import (
+	"container/list"
 	"context"
 	"fmt"
 	"hash/maphash"
@@ -74,7 +75,7 @@ type Store struct {
 type shard struct {
 	mu       sync.Mutex
 	locks    map[string]entry
-	watchers map[string]map[*watch]struct{}
+	watchers map[string]*list.List // of *watch, in arrival order
 	sweepAt  int // sweep expired entries when locks grows past this
 }
 
@@ -160,8 +161,8 @@ func (s *Store) Restart(mode RestartMode) {
 			clear(sh.locks)
 		}
 		for _, ws := range sh.watchers {
-			for w := range ws {
-				w.notify()
+			for e := ws.Front(); e != nil; e = e.Next() {
+				e.Value.(*watch).notify()
 			}
 		}
 		sh.mu.Unlock()
@@ -192,7 +193,7 @@ func (s *Store) Watchers() int {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		for _, ws := range sh.watchers {
-			n += len(ws)
+			n += ws.Len()
 		}
 		sh.mu.Unlock()
 	}
@@ -355,10 +356,18 @@ func (c *Client) Release(ctx context.Context, key, token string) error {
 	if !s.clock.Now().Before(e.expires) {
 		return backend.ErrNotHeld // it had expired: the caller had lost it
 	}
-	for w := range sh.watchers[key] {
-		w.notify()
-	}
+	sh.wakeFirst(key)
 	return nil
+}
+
+// wakeFirst wakes the longest-waiting watcher of key. Waking one waiter per
+// release, in arrival order, instead of all of them keeps a queue of
+// thousands of waiters from stampeding at every release; watch.Close passes
+// the wake-up on when a waiter leaves while the key is free.
+func (sh *shard) wakeFirst(key string) {
+	if ws := sh.watchers[key]; ws != nil {
+		ws.Front().Value.(*watch).notify()
+	}
 }
 
 // Inspect implements backend.Inspector.
@@ -377,31 +386,37 @@ func (c *Client) Inspect(ctx context.Context, key string) (backend.Holder, error
 	return backend.Holder{Held: true, Token: e.token, Fence: e.fence, Remaining: e.expires.Sub(now)}, nil
 }
 
-// Watch implements backend.Notifier: the watch fires on every release of key
-// and on every restart of the store.
+// Watch implements backend.Notifier. A release wakes the longest-waiting
+// watcher of the key; a watcher that closes while the key is free passes the
+// wake-up on to the next; a restart wakes them all. Expiry wakes no one: the
+// waiter's own timer, capped by package lock at the holder's remaining TTL,
+// finds it.
 func (c *Client) Watch(ctx context.Context, key string) (backend.Watch, error) {
 	if err := c.enter(ctx); err != nil {
 		return nil, err
 	}
-	w := &watch{sh: c.s.shard(key), key: key, ch: make(chan struct{}, 1)}
-	w.sh.mu.Lock()
-	defer w.sh.mu.Unlock()
-	if w.sh.watchers == nil {
-		w.sh.watchers = make(map[string]map[*watch]struct{})
+	sh := c.s.shard(key)
+	w := &watch{s: c.s, sh: sh, key: key, ch: make(chan struct{}, 1)}
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.watchers == nil {
+		sh.watchers = make(map[string]*list.List)
 	}
-	ws := w.sh.watchers[key]
+	ws := sh.watchers[key]
 	if ws == nil {
-		ws = make(map[*watch]struct{})
-		w.sh.watchers[key] = ws
+		ws = list.New()
+		sh.watchers[key] = ws
 	}
-	ws[w] = struct{}{}
+	w.elem = ws.PushBack(w)
 	return w, nil
 }
 
 type watch struct {
-	sh  *shard
-	key string
-	ch  chan struct{}
+	s    *Store
+	sh   *shard
+	key  string
+	ch   chan struct{}
+	elem *list.Element // nil once closed
 }
 
 func (w *watch) C() <-chan struct{} { return w.ch }
@@ -414,13 +429,21 @@ func (w *watch) notify() {
 }
 
 func (w *watch) Close() error {
-	w.sh.mu.Lock()
-	defer w.sh.mu.Unlock()
-	if ws := w.sh.watchers[w.key]; ws != nil {
-		delete(ws, w)
-		if len(ws) == 0 {
-			delete(w.sh.watchers, w.key)
-		}
+	sh := w.sh
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if w.elem == nil {
+		return nil
+	}
+	ws := sh.watchers[w.key]
+	ws.Remove(w.elem)
+	w.elem = nil
+	if ws.Len() == 0 {
+		delete(sh.watchers, w.key)
+		return nil
+	}
+	if e, ok := sh.locks[w.key]; !ok || !w.s.clock.Now().Before(e.expires) {
+		sh.wakeFirst(w.key) // the key is free: let the next waiter try
 	}
 	return nil
 }
