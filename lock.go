@@ -201,9 +201,6 @@ func (c *Client) checkTTL(cfg *config) error {
 	if d := cfg.driftFor(ttl); d >= ttl {
 		return invalid(ErrInvalidTTL, "TTL %v leaves no validity after the drift allowance of %v; use a TTL above %v or a smaller WithDrift", ttl, d, d)
 	}
-	if cfg.maxHold > 0 && cfg.maxHold < ttl {
-		return invalid(ErrInvalidOption, "WithMaxHold(%v) is shorter than the TTL %v; use 0 (no cap) or at least the TTL", cfg.maxHold, ttl)
-	}
 	return nil
 }
 
@@ -238,6 +235,9 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 			return nil, err
 		}
 		cfg = &local
+	}
+	if cfg.maxHold > 0 && cfg.maxHold < cfg.ttl {
+		return nil, invalid(ErrInvalidOption, "%s %q: WithMaxHold(%v) is shorter than the TTL %v; use 0 (no cap) or at least the TTL", op, key, cfg.maxHold, cfg.ttl)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, wrap(op, key, err)

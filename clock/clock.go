@@ -90,6 +90,18 @@ func (c *Fake) Advance(d time.Duration) {
 	c.setLocked(c.now.Add(d))
 }
 
+// AdvanceWait is Advance, but it returns only after the callbacks that fell
+// due have returned. A test then knows that the code they run (an automatic
+// renewal, say) has finished before it moves the clock again. A callback that
+// blocks makes AdvanceWait block too.
+func (c *Fake) AdvanceWait(d time.Duration) {
+	if d < 0 {
+		return
+	}
+	c.mu.Lock()
+	c.setLocked(c.now.Add(d)).Wait()
+}
+
 // Set moves the clock to t if t is later than the current reading.
 func (c *Fake) Set(t time.Time) {
 	c.mu.Lock()
@@ -109,8 +121,9 @@ func (c *Fake) Pending() int {
 	return len(c.timers)
 }
 
-// setLocked is called with c.mu held and releases it.
-func (c *Fake) setLocked(t time.Time) {
+// setLocked is called with c.mu held and releases it. The returned group
+// is done when the callbacks that fell due have returned.
+func (c *Fake) setLocked(t time.Time) *sync.WaitGroup {
 	c.now = t
 	var due []*fakeTimer
 	keep := c.timers[:0]
@@ -133,9 +146,11 @@ func (c *Fake) setLocked(t time.Time) {
 		}
 		return due[i].when.Before(due[j].when)
 	})
+	var wg sync.WaitGroup
 	for _, tm := range due {
-		go tm.f()
+		wg.Go(tm.f)
 	}
+	return &wg
 }
 
 type fakeTimer struct {

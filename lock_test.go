@@ -1,0 +1,520 @@
+package lock_test
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/distlock/lock"
+	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/clock"
+	"github.com/distlock/lock/memory"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// probe wraps a backend: it counts calls, can fail renewals, and can move a
+// fake clock while a request is in flight (network latency).
+type probe struct {
+	backend.Backend
+	acquires, renews, releases atomic.Int64
+	failRenews                 atomic.Int64 // fail this many renewals
+	latency                    time.Duration
+	clock                      *clock.Fake
+}
+
+func (p *probe) Acquire(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
+	p.acquires.Add(1)
+	if p.latency > 0 {
+		p.clock.Advance(p.latency)
+	}
+	return p.Backend.Acquire(ctx, key, token, ttl)
+}
+
+func (p *probe) Renew(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
+	defer p.renews.Add(1)
+	if p.failRenews.Add(-1) >= 0 {
+		return backend.Grant{}, errors.New("probe: connection reset")
+	}
+	return p.Backend.Renew(ctx, key, token, ttl)
+}
+
+func (p *probe) Release(ctx context.Context, key, token string) error {
+	p.releases.Add(1)
+	return p.Backend.Release(ctx, key, token)
+}
+
+func (p *probe) Capabilities() backend.Capabilities {
+	return p.Backend.(backend.Describer).Capabilities()
+}
+
+// notifyingProbe is a probe that passes the memory backend's wake-ups on.
+type notifyingProbe struct{ *probe }
+
+func (p notifyingProbe) Watch(ctx context.Context, key string) (backend.Watch, error) {
+	return p.Backend.(backend.Notifier).Watch(ctx, key)
+}
+
+type fixture struct {
+	clock *clock.Fake
+	store *memory.Store
+	probe *probe
+	locks *lock.Client
+}
+
+// newFixture builds a client over a probed memory backend, all on one fake
+// clock.
+func newFixture(t *testing.T, opts ...lock.Option) *fixture {
+	t.Helper()
+	fc := clock.NewFake(time.Unix(1_000_000, 0))
+	store := memory.NewStore(memory.WithClock(fc))
+	p := &probe{Backend: store.NewClient(), clock: fc}
+	p.failRenews.Store(0)
+	c, err := lock.New(p, append([]lock.Option{lock.WithClock(fc)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &fixture{clock: fc, store: store, probe: p, locks: c}
+}
+
+// until waits, in real time, for cond: the fake clock's callbacks run in
+// their own goroutines.
+func until(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+func TestDeadlineIsMeasuredFromSendTime(t *testing.T) {
+	f := newFixture(t, lock.WithAutoRenew(false))
+	f.probe.latency = 30 * time.Millisecond
+	sent := f.clock.Now()
+	l, err := f.locks.TryAcquire(context.Background(), "k", lock.WithTTL(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := sent.Add(time.Second - lock.DefaultDrift(time.Second))
+	if got := l.Deadline(); !got.Equal(want) {
+		t.Fatalf("deadline %v after send; want %v (send + TTL - drift, not receive + TTL)", got.Sub(sent), want.Sub(sent))
+	}
+	if d := lock.DefaultDrift(time.Second); d != 12*time.Millisecond {
+		t.Errorf("default drift for 1s is %v; want TTL*0.01+2ms = 12ms", d)
+	}
+}
+
+func TestLostExactlyAtDeadline(t *testing.T) {
+	f := newFixture(t, lock.WithAutoRenew(false), lock.WithDrift(10*time.Millisecond))
+	l, err := f.locks.TryAcquire(context.Background(), "k", lock.WithTTL(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.clock.Advance(990*time.Millisecond - time.Nanosecond)
+	if err := l.Err(); err != nil {
+		t.Fatalf("lost 1ns before the deadline: %v", err)
+	}
+	select {
+	case <-l.Done():
+		t.Fatal("Done closed before the deadline")
+	default:
+	}
+	f.clock.Advance(time.Nanosecond)
+	select {
+	case <-l.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("Done not closed at the deadline")
+	}
+	if err := l.Err(); !errors.Is(err, lock.ErrLost) {
+		t.Fatalf("Err at the deadline: %v; want ErrLost", err)
+	}
+	// The store still holds it for 10ms more (the drift): nobody else can
+	// have it yet, and the holder already knows it lost it.
+	if h, _ := f.store.NewClient().Inspect(context.Background(), "k"); !h.Held {
+		t.Error("store freed the key before TTL")
+	}
+}
+
+// renewCycle advances the fake clock to the next automatic renewal and waits
+// until it completed.
+func renewCycle(t *testing.T, f *fixture, l *lock.Lease, ttl time.Duration) {
+	t.Helper()
+	before := f.probe.renews.Load()
+	f.clock.AdvanceWait(ttl / 3)
+	if f.probe.renews.Load() == before {
+		t.Fatalf("no renewal after %v", ttl/3)
+	}
+}
+
+func TestAutoRenewKeepsTheLease(t *testing.T) {
+	const ttl = 300 * time.Millisecond
+	f := newFixture(t)
+	l, err := f.locks.TryAcquire(context.Background(), "k", lock.WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 30; i++ { // ten TTLs
+		renewCycle(t, f, l, ttl)
+		if err := l.Err(); err != nil {
+			t.Fatalf("renewal %d: lease lost: %v", i, err)
+		}
+	}
+	h, err := f.store.NewClient().Inspect(context.Background(), "k")
+	if err != nil || !h.Held || h.Token != l.Token() {
+		t.Fatalf("store holder %+v, %v; want the lease's token", h, err)
+	}
+	if err := l.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Err(); !errors.Is(err, lock.ErrReleased) {
+		t.Errorf("Err after Release: %v; want ErrReleased", err)
+	}
+}
+
+func TestAutoRenewRetriesTransientErrors(t *testing.T) {
+	const ttl = 300 * time.Millisecond
+	f := newFixture(t)
+	l, err := f.locks.TryAcquire(context.Background(), "k", lock.WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.probe.failRenews.Store(2)
+	renewCycle(t, f, l, ttl) // fails
+	for f.probe.renews.Load() < 3 && l.Err() == nil {
+		f.clock.AdvanceWait(5 * time.Millisecond)
+	}
+	if err := l.Err(); err != nil {
+		t.Fatalf("lease lost although a retry succeeded in time: %v", err)
+	}
+	if !l.Deadline().After(f.clock.Now().Add(ttl / 2)) {
+		t.Errorf("deadline not moved by the successful retry")
+	}
+}
+
+func TestAutoRenewNeverReacquires(t *testing.T) {
+	const ttl = 300 * time.Millisecond
+	f := newFixture(t)
+	ctx := context.Background()
+	l, err := f.locks.TryAcquire(ctx, "k", lock.WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An operator deletes the lock behind the holder's back.
+	if err := f.store.NewClient().Release(ctx, "k", l.Token()); err != nil {
+		t.Fatal(err)
+	}
+	f.clock.Advance(ttl / 3)
+	select {
+	case <-l.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("lease not lost after the store refused the renewal")
+	}
+	if err := l.Err(); !errors.Is(err, lock.ErrLost) || !errors.Is(err, lock.ErrNotHeld) {
+		t.Fatalf("Err: %v; want ErrLost wrapping ErrNotHeld", err)
+	}
+	renews := f.probe.renews.Load()
+	f.clock.Advance(10 * ttl)
+	if err := l.Renew(ctx); !errors.Is(err, lock.ErrLost) {
+		t.Errorf("Renew after loss: %v; want ErrLost", err)
+	}
+	if n := f.probe.renews.Load(); n != renews {
+		t.Errorf("%d renewals sent after the loss; want none", n-renews)
+	}
+	if h, _ := f.store.NewClient().Inspect(ctx, "k"); h.Held {
+		t.Errorf("the key was re-acquired: %+v", h)
+	}
+}
+
+func TestMaxHoldCapsTheWatchdog(t *testing.T) {
+	const ttl = 300 * time.Millisecond
+	const maxHold = time.Second
+	f := newFixture(t, lock.WithMaxHold(maxHold))
+	start := f.clock.Now()
+	l, err := f.locks.TryAcquire(context.Background(), "k", lock.WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for l.Err() == nil {
+		if f.clock.Now().Sub(start) > 2*maxHold {
+			t.Fatalf("lease still valid %v after acquisition; max hold %v", f.clock.Now().Sub(start), maxHold)
+		}
+		f.clock.AdvanceWait(ttl / 3)
+	}
+	if !errors.Is(l.Err(), lock.ErrLost) || !strings.Contains(l.Err().Error(), "maximum hold") {
+		t.Fatalf("Err: %v; want ErrLost for the maximum hold time", l.Err())
+	}
+	if d := l.Deadline().Sub(start); d > maxHold {
+		t.Errorf("last deadline %v after acquisition; want within the max hold %v", d, maxHold)
+	}
+}
+
+func TestDoCancelsOnLossAndReportsIt(t *testing.T) {
+	mc := memory.New()
+	c, err := lock.New(mc, lock.WithTTL(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var cause error
+	err = c.Do(context.Background(), "job", func(ctx context.Context, l *lock.Lease) error {
+		mc.Disconnect() // renewals now vanish
+		defer mc.Reconnect()
+		select {
+		case <-ctx.Done():
+		case <-time.After(5 * time.Second):
+			return errors.New("context not cancelled after the lease was lost")
+		}
+		cause = context.Cause(ctx)
+		return ctx.Err()
+	})
+	if !errors.Is(cause, lock.ErrLost) {
+		t.Errorf("context cause: %v; want ErrLost", cause)
+	}
+	if !errors.Is(err, lock.ErrLost) || !errors.Is(err, context.Canceled) {
+		t.Errorf("Do: %v; want fn's error joined with ErrLost", err)
+	}
+}
+
+func TestDoReleasesAndReturnsFnError(t *testing.T) {
+	store := memory.NewStore()
+	c, err := lock.New(store.NewClient())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	boom := errors.New("boom")
+	var fence uint64
+	err = c.Do(context.Background(), "job", func(ctx context.Context, l *lock.Lease) error {
+		fence = l.Fence()
+		return boom
+	})
+	if !errors.Is(err, boom) || errors.Is(err, lock.ErrLost) {
+		t.Errorf("Do: %v; want fn's error only", err)
+	}
+	if fence == 0 {
+		t.Error("fence 0 inside Do")
+	}
+	if n := store.Len(); n != 0 {
+		t.Errorf("%d locks held after Do; want 0", n)
+	}
+}
+
+func TestAcquireWithoutNotifierWaitsAtMostTheRemainingTTL(t *testing.T) {
+	const ttl = 200 * time.Millisecond
+	store := memory.NewStore()
+	holder, err := lock.New(store.NewClient(), lock.WithAutoRenew(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	// The probe hides the memory backend's wake-ups: the waiter must back
+	// off, and never sleep past the holder's expiry.
+	p := &probe{Backend: store.NewClient()}
+	waiter, err := lock.New(p, lock.WithBackoff(time.Second, 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer waiter.Close()
+	ctx := context.Background()
+	if _, err := holder.TryAcquire(ctx, "k", lock.WithTTL(ttl)); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	l, err := waiter.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+	if d := time.Since(start); d > ttl+500*time.Millisecond {
+		t.Errorf("waiter took %v with a 1s minimum backoff; the holder's TTL was %v", d, ttl)
+	}
+	if n := p.acquires.Load(); n > 5 {
+		t.Errorf("%d attempts; want a few (sleep until the holder's expiry, not poll)", n)
+	}
+}
+
+func TestAcquireWakesOnReleaseWithoutPolling(t *testing.T) {
+	store := memory.NewStore()
+	holder, err := lock.New(store.NewClient())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	p := notifyingProbe{&probe{Backend: store.NewClient()}}
+	waiter, err := lock.New(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer waiter.Close()
+	ctx := context.Background()
+	hl, err := holder.TryAcquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		l, err := waiter.Acquire(ctx, "k")
+		if err == nil {
+			err = l.Release(ctx)
+		}
+		got <- err
+	}()
+	until(t, "the waiter to watch the key", func() bool { return store.Watchers() == 1 })
+	if err := hl.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("waiter not woken by the release")
+	}
+	// One try, one re-check after the watch began, one after the wake-up.
+	if n := p.acquires.Load(); n > 3 {
+		t.Errorf("%d acquire attempts for one wait; want at most 3", n)
+	}
+	if n := store.Watchers(); n != 0 {
+		t.Errorf("%d watches left open", n)
+	}
+}
+
+func TestTokensAreRandom128Bits(t *testing.T) {
+	c, err := lock.New(memory.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	seen := map[string]bool{}
+	for i := 0; i < 1000; i++ {
+		l, err := c.TryAcquire(context.Background(), "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		tok := l.Token()
+		if raw, err := hex.DecodeString(tok); err != nil || len(raw) != 16 {
+			t.Fatalf("token %q is not 128 bits of hex", tok)
+		}
+		if seen[tok] {
+			t.Fatalf("token %q repeated", tok)
+		}
+		seen[tok] = true
+		l.Release(context.Background())
+	}
+}
+
+func TestOpen(t *testing.T) {
+	ctx := context.Background()
+	a, err := lock.Open(ctx, "mem://shared-test?ttl=2s&autorenew=false")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := lock.Open(ctx, "mem://shared-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	l, err := a.TryAcquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.TTL() != 2*time.Second {
+		t.Errorf("TTL %v; want 2s from the URL", l.TTL())
+	}
+	if _, err := b.TryAcquire(ctx, "k"); !errors.Is(err, lock.ErrLocked) {
+		t.Errorf("second client of the named store: %v; want ErrLocked", err)
+	}
+	private, err := lock.Open(ctx, "mem://")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer private.Close()
+	if l2, err := private.TryAcquire(ctx, "k"); err != nil {
+		t.Errorf("a private store shares nothing: %v", err)
+	} else {
+		l2.Release(ctx)
+	}
+	l.Release(ctx)
+
+	bad := []struct {
+		url, want string
+		is        error
+	}{
+		{"nosuch://x", "registered: mem", lock.ErrUnknownScheme},
+		{"mem://x?color=red", "valid: autorenew, drift, maxhold, ttl", lock.ErrInvalidOption},
+		{"mem://x?ttl=soon", "want a Go duration", lock.ErrInvalidOption},
+		{"mem://x?ttl=-1s", "must be > 0", lock.ErrInvalidTTL},
+		{"mem://x?autorenew=maybe", "want true or false", lock.ErrInvalidOption},
+		{"mem://x?ttl=1s&ttl=2s", "give it once", lock.ErrInvalidOption},
+		{"://", "missing protocol scheme", lock.ErrInvalid},
+	}
+	for _, tc := range bad {
+		c, err := lock.Open(ctx, tc.url)
+		if err == nil {
+			c.Close()
+			t.Errorf("Open(%q) succeeded", tc.url)
+			continue
+		}
+		if !errors.Is(err, tc.is) || !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "lock: ") {
+			t.Errorf("Open(%q): %q; want %v mentioning %q", tc.url, err, tc.is, tc.want)
+		}
+	}
+}
+
+func TestCloseIsIdempotentAndStopsTheClient(t *testing.T) {
+	c, err := lock.New(memory.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if _, err := c.TryAcquire(context.Background(), "k"); !errors.Is(err, lock.ErrClosed) {
+		t.Fatalf("TryAcquire after Close: %v; want ErrClosed", err)
+	}
+}
+
+func TestConcurrentLeaseMethods(t *testing.T) {
+	c, err := lock.New(memory.New(), lock.WithTTL(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	l, err := c.TryAcquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for i := 0; i < 8; i++ {
+		wg.Go(func() {
+			for l.Err() == nil {
+				l.Renew(ctx)
+				_ = l.Deadline()
+			}
+			<-l.Done()
+		})
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+}
