@@ -76,7 +76,7 @@ type shard struct {
 	mu       sync.Mutex
 	locks    map[string]entry
 	watchers map[string]*list.List // of *watch, in arrival order
-	sweepAt  int // sweep expired entries when locks grows past this
+	sweepAt  int                   // sweep expired entries when locks grows past this
 }
 
 type entry struct {
