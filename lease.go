@@ -50,7 +50,6 @@ type Lease struct {
 	capped   bool  // the watchdog stopped at the maximum hold time
 	lastErr  error // the last failed renewal
 	timer    clock.Timer
-	gen      uint64 // invalidates callbacks of replaced timers
 	done     chan struct{}
 	hooks    []func(error)
 	cancel   context.CancelFunc // of an automatic renewal in flight
@@ -248,17 +247,19 @@ func (l *Lease) armLocked() {
 	if l.autoRenew && !l.renewing && !l.capped && l.renewAt.Before(next) {
 		next = l.renewAt
 	}
-	if l.timer != nil {
-		l.timer.Stop()
+	d := l.clock.Until(next)
+	if l.timer == nil {
+		l.timer = l.clock.AfterFunc(d, l.tick)
+	} else {
+		l.timer.Reset(d)
 	}
-	l.gen++
-	gen := l.gen
-	l.timer = l.clock.AfterFunc(next.Sub(l.clock.Now()), func() { l.tick(gen) })
 }
 
-func (l *Lease) tick(gen uint64) {
+// tick runs when the lease's timer fires. A run that started just before the
+// timer was reset finds nothing due and re-arms it.
+func (l *Lease) tick() {
 	l.mu.Lock()
-	if gen != l.gen || l.state != stateHeld {
+	if l.state != stateHeld {
 		l.mu.Unlock()
 		return
 	}
@@ -306,7 +307,7 @@ func (l *Lease) tick(gen uint64) {
 // checkDeadlineLocked ends the lease as lost if its deadline has passed, and
 // reports whether it did.
 func (l *Lease) checkDeadlineLocked() bool {
-	if l.state != stateHeld || l.clock.Now().Before(l.deadline) {
+	if l.state != stateHeld || l.clock.Until(l.deadline) > 0 {
 		return false
 	}
 	var err error
@@ -327,10 +328,8 @@ func (l *Lease) checkDeadlineLocked() bool {
 func (l *Lease) endLocked(st leaseState, err error) {
 	l.state = st
 	l.err = err
-	l.gen++
 	if l.timer != nil {
 		l.timer.Stop()
-		l.timer = nil
 	}
 	if l.cancel != nil {
 		l.cancel()

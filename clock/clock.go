@@ -21,6 +21,9 @@ type Clock interface {
 	// Now returns the current time. Real returns a value with a monotonic
 	// reading, so differences are immune to wall-clock steps.
 	Now() time.Time
+	// Until returns the duration until t: time.Until for Real, which reads
+	// only the monotonic clock and is several times cheaper than Now.
+	Until(t time.Time) time.Duration
 	// AfterFunc calls f in its own goroutine once d has elapsed.
 	AfterFunc(d time.Duration, f func()) Timer
 }
@@ -30,14 +33,24 @@ type Timer interface {
 	// Stop prevents the callback from running. It reports whether it did so:
 	// false means the callback already ran, is running, or was stopped before.
 	Stop() bool
+	// Reset schedules the callback to run once more, d from now, whether or
+	// not it ran before. A run that had already started is not stopped.
+	Reset(d time.Duration) bool
 }
 
-// Real is the system clock.
+// Real is the system's monotonic clock. Its Now reads only the monotonic
+// clock (one clock read instead of two) and derives the wall reading from the
+// wall time at program start: deadlines are immune to wall-clock steps, and
+// a printed time may differ from time.Now by the steps since start.
 var Real Clock = realClock{}
 
 type realClock struct{}
 
-func (realClock) Now() time.Time { return time.Now() }
+var realBase = time.Now()
+
+func (realClock) Now() time.Time { return realBase.Add(time.Since(realBase)) }
+
+func (realClock) Until(t time.Time) time.Duration { return time.Until(t) }
 
 func (realClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
 
@@ -62,20 +75,14 @@ func (c *Fake) Now() time.Time {
 	return c.now
 }
 
+// Until returns t minus the fake time.
+func (c *Fake) Until(t time.Time) time.Duration { return t.Sub(c.Now()) }
+
 // AfterFunc schedules f to run in its own goroutine when the fake time reaches
 // Now()+d. A d <= 0 runs f at once.
 func (c *Fake) AfterFunc(d time.Duration, f func()) Timer {
-	c.mu.Lock()
-	t := &fakeTimer{c: c, when: c.now.Add(d), f: f, seq: c.seq}
-	c.seq++
-	if d <= 0 {
-		t.fired = true
-		c.mu.Unlock()
-		go f()
-		return t
-	}
-	c.timers = append(c.timers, t)
-	c.mu.Unlock()
+	t := &fakeTimer{c: c, f: f}
+	t.Reset(d)
 	return t
 }
 
@@ -164,6 +171,10 @@ type fakeTimer struct {
 func (t *fakeTimer) Stop() bool {
 	t.c.mu.Lock()
 	defer t.c.mu.Unlock()
+	return t.stopLocked()
+}
+
+func (t *fakeTimer) stopLocked() bool {
 	if t.fired {
 		return false
 	}
@@ -175,4 +186,21 @@ func (t *fakeTimer) Stop() bool {
 		}
 	}
 	return false
+}
+
+func (t *fakeTimer) Reset(d time.Duration) bool {
+	c := t.c
+	c.mu.Lock()
+	active := t.stopLocked()
+	t.when, t.seq, t.fired = c.now.Add(d), c.seq, false
+	c.seq++
+	if d <= 0 {
+		t.fired = true
+		c.mu.Unlock()
+		go t.f()
+		return active
+	}
+	c.timers = append(c.timers, t)
+	c.mu.Unlock()
+	return active
 }

@@ -23,16 +23,16 @@ func (c *Client) acquireNonAtomic(key, token string, ttl time.Duration) (backend
 	s := c.s
 	sh := s.shard(key)
 	sh.mu.Lock()
-	now := s.clock.Now()
+	now := s.now()
 	e, ok := sh.locks[key]
 	sh.mu.Unlock()
-	if ok && now.Before(e.expires) {
-		return backend.Grant{}, backend.Locked(e.expires.Sub(now))
+	if ok && now < e.expires {
+		return backend.Grant{}, backend.Locked(e.expires - now)
 	}
 	runtime.Gosched()
 	sh.mu.Lock()
 	fence := s.nextFence()
-	sh.locks[key] = entry{token: token, fence: fence, expires: now.Add(ttl)}
+	sh.locks[key] = entry{token: token, fence: fence, expires: now + ttl}
 	sh.mu.Unlock()
 	return backend.Grant{Fence: fence, TTL: ttl}, nil
 }

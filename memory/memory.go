@@ -65,6 +65,7 @@ const shardCount = 64
 // Store is an in-process lock store. It is safe for concurrent use.
 type Store struct {
 	clock  clock.Clock
+	epoch  time.Time
 	fence  atomic.Uint64
 	seed   maphash.Seed
 	shards [shardCount]shard
@@ -82,7 +83,7 @@ type shard struct {
 type entry struct {
 	token   string
 	fence   uint64
-	expires time.Time
+	expires time.Duration // since the store's epoch
 }
 
 // StoreOption configures a Store.
@@ -106,6 +107,7 @@ func NewStore(opts ...StoreOption) *Store {
 			o(s)
 		}
 	}
+	s.epoch = s.clock.Now()
 	for i := range s.shards {
 		s.shards[i].locks = make(map[string]entry)
 		s.shards[i].sweepAt = 64
@@ -122,6 +124,10 @@ func New(opts ...StoreOption) *Client {
 func (s *Store) NewClient() *Client {
 	return &Client{s: s}
 }
+
+// now returns the store's time as an offset from its epoch: on the real
+// clock a monotonic reading, cheaper than time.Now.
+func (s *Store) now() time.Duration { return -s.clock.Until(s.epoch) }
 
 func (s *Store) shard(key string) *shard {
 	return &s.shards[maphash.String(s.seed, key)%shardCount]
@@ -171,13 +177,13 @@ func (s *Store) Restart(mode RestartMode) {
 
 // Len returns the number of unexpired locks in the store.
 func (s *Store) Len() int {
-	now := s.clock.Now()
+	now := s.now()
 	n := 0
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		for _, e := range sh.locks {
-			if now.Before(e.expires) {
+			if now < e.expires {
 				n++
 			}
 		}
@@ -278,13 +284,13 @@ func (c *Client) Acquire(ctx context.Context, key, token string, ttl time.Durati
 	}
 	sh := s.shard(key)
 	sh.mu.Lock()
-	now := s.clock.Now()
-	if e, ok := sh.locks[key]; ok && now.Before(e.expires) {
+	now := s.now()
+	if e, ok := sh.locks[key]; ok && now < e.expires {
 		sh.mu.Unlock()
-		return backend.Grant{}, backend.Locked(e.expires.Sub(now))
+		return backend.Grant{}, backend.Locked(e.expires - now)
 	}
 	fence := s.nextFence()
-	sh.locks[key] = entry{token: token, fence: fence, expires: now.Add(ttl)}
+	sh.locks[key] = entry{token: token, fence: fence, expires: now + ttl}
 	sh.maybeSweep(now)
 	sh.mu.Unlock()
 	return backend.Grant{Fence: fence, TTL: ttl}, nil
@@ -299,12 +305,12 @@ func (s *Store) nextFence() uint64 {
 
 // maybeSweep drops expired entries when the shard has grown, so keys that
 // were never released do not pile up. Amortised O(1) per acquisition.
-func (sh *shard) maybeSweep(now time.Time) {
+func (sh *shard) maybeSweep(now time.Duration) {
 	if len(sh.locks) < sh.sweepAt {
 		return
 	}
 	for k, e := range sh.locks {
-		if !now.Before(e.expires) {
+		if now >= e.expires {
 			delete(sh.locks, k)
 		}
 	}
@@ -323,18 +329,18 @@ func (c *Client) Renew(ctx context.Context, key, token string, ttl time.Duration
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	now := s.clock.Now()
+	now := s.now()
 	e, ok := sh.locks[key]
-	live := ok && now.Before(e.expires)
+	live := ok && now < e.expires
 	if !live || e.token != token {
 		if s.flaws.renewReacquires && (!live || !ok) {
-			e = entry{token: token, fence: s.nextFence(), expires: now.Add(ttl)}
+			e = entry{token: token, fence: s.nextFence(), expires: now + ttl}
 			sh.locks[key] = e
 			return backend.Grant{Fence: e.fence, TTL: ttl}, nil
 		}
 		return backend.Grant{}, backend.ErrNotHeld
 	}
-	e.expires = now.Add(ttl)
+	e.expires = now + ttl
 	sh.locks[key] = e
 	return backend.Grant{Fence: e.fence, TTL: ttl}, nil
 }
@@ -353,7 +359,7 @@ func (c *Client) Release(ctx context.Context, key, token string) error {
 		return backend.ErrNotHeld
 	}
 	delete(sh.locks, key)
-	if !s.clock.Now().Before(e.expires) {
+	if s.now() >= e.expires {
 		return backend.ErrNotHeld // it had expired: the caller had lost it
 	}
 	sh.wakeFirst(key)
@@ -378,12 +384,12 @@ func (c *Client) Inspect(ctx context.Context, key string) (backend.Holder, error
 	sh := c.s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	now := c.s.clock.Now()
+	now := c.s.now()
 	e, ok := sh.locks[key]
-	if !ok || !now.Before(e.expires) {
+	if !ok || now >= e.expires {
 		return backend.Holder{}, nil
 	}
-	return backend.Holder{Held: true, Token: e.token, Fence: e.fence, Remaining: e.expires.Sub(now)}, nil
+	return backend.Holder{Held: true, Token: e.token, Fence: e.fence, Remaining: e.expires - now}, nil
 }
 
 // Watch implements backend.Notifier. A release wakes the longest-waiting
@@ -442,7 +448,7 @@ func (w *watch) Close() error {
 		delete(sh.watchers, w.key)
 		return nil
 	}
-	if e, ok := sh.locks[w.key]; !ok || !w.s.clock.Now().Before(e.expires) {
+	if e, ok := sh.locks[w.key]; !ok || w.s.now() >= e.expires {
 		sh.wakeFirst(w.key) // the key is free: let the next waiter try
 	}
 	return nil

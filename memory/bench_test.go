@@ -1,0 +1,92 @@
+package memory_test
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"testing"
+
+	"github.com/distlock/lock"
+	"github.com/distlock/lock/memory"
+)
+
+func newBenchClient(b *testing.B) *lock.Client {
+	b.Helper()
+	c, err := lock.New(memory.New())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close() })
+	return c
+}
+
+func reportCycles(b *testing.B) {
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "cycles/s")
+}
+
+// One goroutine: TryAcquire then Release of one key, auto-renew on (the
+// default).
+func BenchmarkAcquireRelease(b *testing.B) {
+	c := newBenchClient(b)
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		l, err := c.TryAcquire(ctx, "bench")
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	reportCycles(b)
+}
+
+// 32 goroutines, each on its own key.
+func BenchmarkAcquireReleaseParallel32OwnKeys(b *testing.B) {
+	c := newBenchClient(b)
+	ctx := context.Background()
+	var id atomic.Int64
+	b.SetParallelism(max(1, 32/runtime.GOMAXPROCS(0)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		key := fmt.Sprintf("bench/%d", id.Add(1))
+		for pb.Next() {
+			l, err := c.TryAcquire(ctx, key)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			if err := l.Release(ctx); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	reportCycles(b)
+}
+
+// 16 goroutines on one key, each waiting for it with Acquire.
+func BenchmarkAcquireReleaseHotKey16(b *testing.B) {
+	c := newBenchClient(b)
+	ctx := context.Background()
+	b.SetParallelism(max(1, 16/runtime.GOMAXPROCS(0)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			l, err := c.Acquire(ctx, "hot")
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			if err := l.Release(ctx); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	reportCycles(b)
+}
