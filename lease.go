@@ -49,13 +49,19 @@ type Lease struct {
 	renewing bool
 	capped   bool  // the watchdog stopped at the maximum hold time
 	lastErr  error // the last failed renewal
-	timer    clock.Timer
+	sched    *scheduler
+	due      time.Time // guarded by sched.mu
+	index    int       // in the scheduler's heap, -1 when not in it; guarded by sched.mu
 	done     chan struct{}
 	hooks    []func(error)
 	cancel   context.CancelFunc // of an automatic renewal in flight
 }
 
 func (c *Client) newLease(key, token string, cfg *config, sent time.Time, g backend.Grant) *Lease {
+	sched := c.sched
+	if cfg.clockID != c.cfg.clockID {
+		sched = newScheduler(cfg.clock) // this call chose its own clock
+	}
 	ttl := cfg.ttl
 	if g.TTL > 0 && g.TTL < ttl {
 		ttl = g.TTL
@@ -71,6 +77,8 @@ func (c *Client) newLease(key, token string, cfg *config, sent time.Time, g back
 		maxHold:   cfg.maxHold,
 		acquired:  sent,
 		autoRenew: cfg.autoRenew,
+		sched:     sched,
+		index:     -1,
 	}
 	l.mu.Lock()
 	l.extendLocked(sent)
@@ -247,16 +255,11 @@ func (l *Lease) armLocked() {
 	if l.autoRenew && !l.renewing && !l.capped && l.renewAt.Before(next) {
 		next = l.renewAt
 	}
-	d := l.clock.Until(next)
-	if l.timer == nil {
-		l.timer = l.clock.AfterFunc(d, l.tick)
-	} else {
-		l.timer.Reset(d)
-	}
+	l.sched.schedule(l, next)
 }
 
-// tick runs when the lease's timer fires. A run that started just before the
-// timer was reset finds nothing due and re-arms it.
+// tick runs when the lease is due in its scheduler. A tick with nothing due
+// (the deadline moved) schedules the lease again.
 func (l *Lease) tick() {
 	l.mu.Lock()
 	if l.state != stateHeld {
@@ -328,9 +331,7 @@ func (l *Lease) checkDeadlineLocked() bool {
 func (l *Lease) endLocked(st leaseState, err error) {
 	l.state = st
 	l.err = err
-	if l.timer != nil {
-		l.timer.Stop()
-	}
+	l.sched.cancel(l)
 	if l.cancel != nil {
 		l.cancel()
 	}

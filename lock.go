@@ -80,6 +80,7 @@ type Client struct {
 	notifier backend.Notifier
 	caps     backend.Capabilities
 	cfg      config
+	sched    *scheduler // runs the timers of leases on cfg.clock
 	closed   atomic.Bool
 	bg       sync.WaitGroup // best-effort cleanups still running
 }
@@ -109,6 +110,7 @@ func New(b backend.Backend, opts ...Option) (*Client, error) {
 	if err := c.checkTTL(&c.cfg); err != nil {
 		return nil, err
 	}
+	c.sched = newScheduler(c.cfg.clock)
 	return c, nil
 }
 

@@ -32,6 +32,7 @@ type config struct {
 	minBackoff time.Duration
 	maxBackoff time.Duration
 	clock      clock.Clock
+	clockID    int   // counts WithClock options applied, to tell a call's own clock
 	err        error // the first invalid option
 }
 
@@ -139,5 +140,6 @@ func WithClock(clk clock.Clock) Option {
 			return
 		}
 		c.clock = clk
+		c.clockID++
 	}
 }
