@@ -1,0 +1,144 @@
+package lock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/distlock/lock"
+	"github.com/distlock/lock/memory"
+)
+
+func ExampleClient_TryAcquire() {
+	ctx := context.Background()
+	store := memory.NewStore()
+	replicaA, _ := lock.New(store.NewClient())
+	replicaB, _ := lock.New(store.NewClient())
+	defer replicaA.Close()
+	defer replicaB.Close()
+
+	l, err := replicaA.TryAcquire(ctx, "job:nightly-report")
+	if err != nil {
+		panic(err)
+	}
+	defer l.Release(ctx)
+
+	_, err = replicaB.TryAcquire(ctx, "job:nightly-report")
+	if errors.Is(err, lock.ErrLocked) {
+		fmt.Println("replica B: another replica runs the report")
+	}
+	// Output: replica B: another replica runs the report
+}
+
+func ExampleClient_Acquire() {
+	ctx := context.Background()
+	locks, _ := lock.New(memory.New())
+	defer locks.Close()
+
+	first, _ := locks.Acquire(ctx, "invoice:7")
+	go func() {
+		time.Sleep(10 * time.Millisecond) // some work under the lock
+		first.Release(ctx)
+	}()
+
+	// Waits (woken by the release, no polling) until the key is free, or
+	// until ctx ends.
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	second, err := locks.Acquire(wctx, "invoice:7")
+	if err != nil {
+		panic(err)
+	}
+	defer second.Release(ctx)
+	fmt.Println("fences increase:", second.Fence() > first.Fence())
+	// Output: fences increase: true
+}
+
+// storage is a resource that checks fencing tokens: it rejects a write whose
+// fence is lower than the highest it has accepted.
+type storage struct {
+	mu        sync.Mutex
+	highest   uint64
+	lastValue string
+}
+
+func (s *storage) write(fence uint64, value string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if fence < s.highest {
+		return fmt.Errorf("stale fence %d: %d was already accepted", fence, s.highest)
+	}
+	s.highest, s.lastValue = fence, value
+	return nil
+}
+
+func ExampleLease_Fence() {
+	ctx := context.Background()
+	store := memory.NewStore()
+	clientA, _ := lock.New(store.NewClient(), lock.WithAutoRenew(false))
+	clientB, _ := lock.New(store.NewClient())
+	defer clientA.Close()
+	defer clientB.Close()
+	db := &storage{}
+
+	// A takes the lock, then pauses (a long GC, say) past its TTL.
+	a, _ := clientA.TryAcquire(ctx, "file", lock.WithTTL(20*time.Millisecond))
+	<-a.Done()
+
+	// B takes over and writes with its newer fence.
+	b, _ := clientB.Acquire(ctx, "file")
+	defer b.Release(ctx)
+	fmt.Println("B writes:", db.write(b.Fence(), "from B"))
+
+	// A wakes up and, unaware, writes: the fence check rejects it.
+	err := db.write(a.Fence(), "from A")
+	fmt.Println("A rejected:", err != nil)
+	fmt.Println("value:", db.lastValue)
+	// Output:
+	// B writes: <nil>
+	// A rejected: true
+	// value: from B
+}
+
+func ExampleClient_Do() {
+	ctx := context.Background()
+	locks, _ := lock.New(memory.New())
+	defer locks.Close()
+
+	err := locks.Do(ctx, "user:42:charge", func(ctx context.Context, l *lock.Lease) error {
+		// ctx is cancelled the moment the lease is lost; pass l.Fence() to
+		// the resource.
+		fmt.Println("charging once, fence", l.Fence())
+		return nil
+	})
+	fmt.Println("err:", err)
+	// Output:
+	// charging once, fence 1
+	// err: <nil>
+}
+
+func ExampleOpen() {
+	ctx := context.Background()
+	// The memory backend registers "mem" when imported; "mem://NAME" names
+	// a process-wide store, so both clients contend for the same keys.
+	a, err := lock.Open(ctx, "mem://example?ttl=30s")
+	if err != nil {
+		panic(err)
+	}
+	defer a.Close()
+	b, _ := lock.Open(ctx, "mem://example")
+	defer b.Close()
+
+	l, _ := a.TryAcquire(ctx, "k")
+	defer l.Release(ctx)
+	_, err = b.TryAcquire(ctx, "k")
+	fmt.Println(l.TTL(), errors.Is(err, lock.ErrLocked))
+
+	_, err = lock.Open(ctx, "mem://example?tll=30s")
+	fmt.Println(err)
+	// Output:
+	// 30s true
+	// lock: Open: unknown query parameter "tll" for scheme mem; valid: autorenew, drift, maxhold, ttl
+}
