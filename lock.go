@@ -82,6 +82,9 @@ type Client struct {
 	cfg      config
 	sched    *scheduler // runs the timers of leases on cfg.clock
 	closed   atomic.Bool
+
+	bgMu     sync.Mutex
+	bgClosed bool           // no more cleanups start
 	bg       sync.WaitGroup // best-effort cleanups still running
 }
 
@@ -130,6 +133,9 @@ func (c *Client) Close() error {
 	if c == nil || !c.closed.CompareAndSwap(false, true) {
 		return nil
 	}
+	c.bgMu.Lock()
+	c.bgClosed = true
+	c.bgMu.Unlock()
 	c.bg.Wait()
 	return c.b.Close()
 }
@@ -277,9 +283,12 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 		var locked *backend.LockedError
 		isLocked := errors.As(err, &locked) || errors.Is(err, ErrLocked)
 		if !isLocked {
-			// The outcome is unknown: the store may have granted the
-			// lock. Free it in the background so nothing is left behind.
-			c.cleanup(ctx, key, token)
+			if !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrClosed) {
+				// The outcome is unknown: the store may have granted
+				// the lock. Free it in the background so nothing is
+				// left behind.
+				c.cleanup(ctx, key, token, cfg.ttl)
+			}
 			if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
 				err = errors.Join(cerr, err)
 			}
@@ -338,12 +347,18 @@ func (c *Client) sleep(ctx context.Context, cfg *config, d time.Duration, w back
 }
 
 // cleanup releases key for token in the background after an acquire whose
-// outcome is unknown. Close waits for it.
-func (c *Client) cleanup(ctx context.Context, key, token string) {
+// outcome is unknown; it gives up after ttl, when the lock has expired anyway.
+// Close waits for it.
+func (c *Client) cleanup(ctx context.Context, key, token string, ttl time.Duration) {
+	c.bgMu.Lock()
+	defer c.bgMu.Unlock()
+	if c.bgClosed {
+		return // the client is closing; the lock, if any, expires
+	}
 	c.bg.Add(1)
 	go func() {
 		defer c.bg.Done()
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ttl)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ttl)
 		defer cancel()
 		_ = c.b.Release(rctx, key, token)
 	}()
