@@ -674,37 +674,28 @@ func (s *suite) manyKeys(t *testing.T) {
 func (s *suite) cutOff(t *testing.T, b backend.Backend) (undo func(), whole bool, ok bool) {
 	t.Helper()
 	ctx := s.ctx(t)
+	var cut, heal func(context.Context) error
 	if d, yes := s.h.(Disconnecter); yes {
-		if err := d.Disconnect(ctx, b); err != nil {
-			t.Fatalf("harness Disconnect: %v", err)
-		}
-		var once sync.Once
-		undo = func() {
-			once.Do(func() {
-				if err := d.Reconnect(ctx, b); err != nil {
-					t.Errorf("harness Reconnect: %v", err)
-				}
-			})
-		}
-		t.Cleanup(undo)
-		return undo, false, true
+		cut = func(ctx context.Context) error { return d.Disconnect(ctx, b) }
+		heal = func(ctx context.Context) error { return d.Reconnect(ctx, b) }
+	} else if p, yes := s.h.(Pauser); yes {
+		cut, heal, whole = p.Pause, p.Resume, true
+	} else {
+		return nil, false, false
 	}
-	if p, yes := s.h.(Pauser); yes {
-		if err := p.Pause(ctx); err != nil {
-			t.Fatalf("harness Pause: %v", err)
-		}
-		var once sync.Once
-		undo = func() {
-			once.Do(func() {
-				if err := p.Resume(ctx); err != nil {
-					t.Errorf("harness Resume: %v", err)
-				}
-			})
-		}
-		t.Cleanup(undo)
-		return undo, true, true
+	if err := cut(ctx); err != nil {
+		t.Fatalf("harness: cutting the store off: %v", err)
 	}
-	return nil, false, false
+	var once sync.Once
+	undo = func() {
+		once.Do(func() {
+			if err := heal(ctx); err != nil {
+				t.Errorf("harness: reconnecting the store: %v", err)
+			}
+		})
+	}
+	t.Cleanup(undo)
+	return undo, whole, true
 }
 
 // lostSignal: the holder is cut off from the store; it must be told it lost

@@ -21,6 +21,21 @@ func newBenchClient(b *testing.B) *lock.Client {
 	return c
 }
 
+// cycle takes key (waiting for it when wait is set) and releases it.
+func cycle(ctx context.Context, c *lock.Client, key string, wait bool) error {
+	var l *lock.Lease
+	var err error
+	if wait {
+		l, err = c.Acquire(ctx, key)
+	} else {
+		l, err = c.TryAcquire(ctx, key)
+	}
+	if err != nil {
+		return err
+	}
+	return l.Release(ctx)
+}
+
 func reportCycles(b *testing.B) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "cycles/s")
 }
@@ -32,11 +47,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
-		l, err := c.TryAcquire(ctx, "bench")
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := l.Release(ctx); err != nil {
+		if err := cycle(ctx, c, "bench", false); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -54,12 +65,7 @@ func BenchmarkAcquireReleaseParallel32OwnKeys(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		key := fmt.Sprintf("bench/%d", id.Add(1))
 		for pb.Next() {
-			l, err := c.TryAcquire(ctx, key)
-			if err != nil {
-				b.Error(err)
-				return
-			}
-			if err := l.Release(ctx); err != nil {
+			if err := cycle(ctx, c, key, false); err != nil {
 				b.Error(err)
 				return
 			}
@@ -77,12 +83,7 @@ func BenchmarkAcquireReleaseHotKey16(b *testing.B) {
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			l, err := c.Acquire(ctx, "hot")
-			if err != nil {
-				b.Error(err)
-				return
-			}
-			if err := l.Release(ctx); err != nil {
+			if err := cycle(ctx, c, "hot", true); err != nil {
 				b.Error(err)
 				return
 			}
