@@ -80,10 +80,10 @@ func (c *Client) newLease(key, token string, cfg *config, sent time.Time, g back
 		sched:     sched,
 		index:     -1,
 	}
-	l.mu.Lock()
+	// No other goroutine sees l before the scheduler does: its mutex
+	// publishes the fields set here.
 	l.extendLocked(sent)
 	l.armLocked()
-	l.mu.Unlock()
 	return l
 }
 
