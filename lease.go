@@ -219,6 +219,11 @@ func (l *Lease) renew(ctx context.Context) error {
 	defer l.mu.Unlock()
 	l.checkDeadlineLocked()
 	if l.state != stateHeld {
+		if err == nil && l.state == stateLost {
+			// The store extended a lock this client already gave up:
+			// free it rather than block the key for another TTL.
+			l.c.cleanup(ctx, l.key, l.token, l.ttl)
+		}
 		return wrap("renew", l.key, l.err)
 	}
 	if err != nil {

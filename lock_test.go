@@ -518,3 +518,84 @@ func TestConcurrentLeaseMethods(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// grantThenFail grants the lock on the store but reports a timeout, as when a
+// reply is lost on the way back: the outcome is unknown to the client.
+type grantThenFail struct{ backend.Backend }
+
+func (g grantThenFail) Acquire(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
+	if _, err := g.Backend.Acquire(ctx, key, token, ttl); err != nil {
+		return backend.Grant{}, err
+	}
+	return backend.Grant{}, context.DeadlineExceeded
+}
+
+func TestAcquireWithUnknownOutcomeLeavesNothingBehind(t *testing.T) {
+	store := memory.NewStore()
+	c, err := lock.New(grantThenFail{store.NewClient()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Acquire(context.Background(), "k")
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire: %v; want the backend's context error", err)
+	}
+	c.Close() // waits for the background release
+	if n := store.Len(); n != 0 {
+		t.Fatalf("%d locks left on the store after an acquire with unknown outcome", n)
+	}
+}
+
+// slowRenew blocks every renewal until release is closed.
+type slowRenew struct {
+	backend.Backend
+	started chan struct{}
+	release chan struct{}
+}
+
+func (s *slowRenew) Renew(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
+	s.started <- struct{}{}
+	<-s.release
+	return s.Backend.Renew(ctx, key, token, ttl)
+}
+
+func (s *slowRenew) Capabilities() backend.Capabilities {
+	return s.Backend.(backend.Describer).Capabilities()
+}
+
+func TestRenewCompletingAfterTheDeadlineDoesNotRevive(t *testing.T) {
+	const ttl = 300 * time.Millisecond
+	fc := clock.NewFake(time.Unix(0, 0))
+	store := memory.NewStore(memory.WithClock(fc))
+	sb := &slowRenew{Backend: store.NewClient(), started: make(chan struct{}, 1), release: make(chan struct{})}
+	c, err := lock.New(sb, lock.WithClock(fc), lock.WithAutoRenew(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	l, err := c.TryAcquire(ctx, "k", lock.WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	result := make(chan error, 1)
+	go func() { result <- l.Renew(ctx) }()
+	<-sb.started
+	// Past the client's deadline, not yet past the store's expiry, while the
+	// renewal is in flight: the store will accept it.
+	fc.AdvanceWait(ttl - time.Millisecond)
+	if err := l.Err(); !errors.Is(err, lock.ErrLost) {
+		t.Fatalf("Err past the deadline: %v; want ErrLost", err)
+	}
+	close(sb.release)
+	if err := <-result; !errors.Is(err, lock.ErrLost) {
+		t.Fatalf("Renew that completed after the deadline: %v; want ErrLost", err)
+	}
+	if err := l.Err(); !errors.Is(err, lock.ErrLost) {
+		t.Fatalf("the lease came back to life: Err %v", err)
+	}
+	c.Close() // waits for the release of the lock the late renewal extended
+	if n := store.Len(); n != 0 {
+		t.Errorf("the late renewal left the key locked on the store")
+	}
+}

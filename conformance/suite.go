@@ -703,7 +703,7 @@ func (s *suite) cutOff(t *testing.T, b backend.Backend) (undo func(), whole bool
 func (s *suite) lostSignal(t *testing.T) {
 	ctx := s.ctx(t)
 	key := s.key(t)
-	drift := max(lock.DefaultDrift(s.short), s.short/10)
+	drift := max(lock.DefaultDrift(s.short), s.short/4)
 	ab := s.backend(t)
 	a := s.clientOver(t, ab, lock.WithDrift(drift))
 	l, err := a.TryAcquire(ctx, key, lock.WithTTL(s.short))
