@@ -599,3 +599,29 @@ func TestRenewCompletingAfterTheDeadlineDoesNotRevive(t *testing.T) {
 		t.Errorf("the late renewal left the key locked on the store")
 	}
 }
+
+// minOneSecond is a backend that declares a 1s minimum TTL.
+type minOneSecond struct{ backend.Backend }
+
+func (minOneSecond) Capabilities() backend.Capabilities {
+	return backend.Capabilities{MinTTL: time.Second}
+}
+
+func TestTTLBelowTheBackendMinimum(t *testing.T) {
+	store := memory.NewStore()
+	if _, err := lock.New(minOneSecond{store.NewClient()}, lock.WithTTL(500*time.Millisecond)); !errors.Is(err, lock.ErrInvalidTTL) {
+		t.Fatalf("New with a TTL below the minimum: %v; want ErrInvalidTTL", err)
+	}
+	c, err := lock.New(minOneSecond{store.NewClient()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, err = c.TryAcquire(context.Background(), "k", lock.WithTTL(500*time.Millisecond))
+	if !errors.Is(err, lock.ErrInvalidTTL) || !strings.Contains(err.Error(), "minimum of 1s") {
+		t.Fatalf("TryAcquire with a TTL below the minimum: %v; want ErrInvalidTTL naming the 1s minimum", err)
+	}
+	if n := store.Len(); n != 0 {
+		t.Fatalf("bad input changed the store: %d locks", n)
+	}
+}
