@@ -167,13 +167,21 @@ func (c *Client) Do(ctx context.Context, key string, fn func(ctx context.Context
 		return err
 	}
 	fctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	l.onEnd(func(cause error) { cancel(cause) })
+	release := func() error {
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), l.ttl)
+		defer rcancel()
+		return l.Release(rctx)
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			release() // do not keep renewing a lock whose holder panicked
+			panic(p)
+		}
+	}()
 	fnErr := fn(fctx, l)
-	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), l.ttl)
-	relErr := l.Release(rctx)
-	rcancel()
-	cancel(nil)
-	return errors.Join(fnErr, relErr)
+	return errors.Join(fnErr, release())
 }
 
 func (c *Client) check(op, key string, ctx context.Context) error {

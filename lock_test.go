@@ -625,3 +625,23 @@ func TestTTLBelowTheBackendMinimum(t *testing.T) {
 		t.Fatalf("bad input changed the store: %d locks", n)
 	}
 }
+
+func TestDoReleasesWhenFnPanics(t *testing.T) {
+	store := memory.NewStore()
+	c, err := lock.New(store.NewClient())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Error("the panic did not propagate")
+			}
+		}()
+		c.Do(context.Background(), "k", func(context.Context, *lock.Lease) error { panic("boom") })
+	}()
+	if n := store.Len(); n != 0 {
+		t.Fatalf("%d locks held after fn panicked", n)
+	}
+}
