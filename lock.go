@@ -276,9 +276,10 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 
 	token := newToken()
 	var watch backend.Watch
+	took := false
 	defer func() {
 		if watch != nil {
-			watch.Close()
+			watch.Close(took)
 		}
 	}()
 	backoff := cfg.minBackoff
@@ -286,6 +287,7 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 		sent := cfg.clock.Now()
 		g, err := c.b.Acquire(ctx, key, token, cfg.ttl)
 		if err == nil {
+			took = true
 			return c.newLease(key, token, cfg, sent, g), nil
 		}
 		var locked *backend.LockedError

@@ -131,8 +131,8 @@ type Notifier interface {
 	// The rule a Notifier must keep is progress: after a release, at least
 	// one watcher that will still try is woken. Waking every watcher keeps
 	// it trivially; waking one (the longest-waiting, to avoid a stampede)
-	// keeps it only if closing a Watch while the key is free wakes the next
-	// one. Spurious wake-ups are allowed. Wake-ups on expiry are optional:
+	// keeps it only if a watcher that leaves without the key passes its
+	// wake-up on (see Watch.Close). Spurious wake-ups are allowed. Wake-ups on expiry are optional:
 	// package lock bounds every wait by the holder's remaining TTL, so a
 	// missed expiry costs latency, not progress.
 	Watch(ctx context.Context, key string) (Watch, error)
@@ -140,8 +140,13 @@ type Notifier interface {
 
 // Watch is a subscription returned by Notifier.Watch.
 type Watch interface {
+	// C receives the wake-ups.
 	C() <-chan struct{}
-	Close() error
+	// Close ends the watch. took reports whether the watcher took the key.
+	// A Notifier that wakes one watcher per release wakes the next one when
+	// a woken watcher leaves without the key (took is false): it may have
+	// consumed the only wake-up of a release.
+	Close(took bool) error
 }
 
 // Describer is an optional interface reporting what a backend guarantees.

@@ -439,7 +439,7 @@ func (w *watch) notify() {
 	}
 }
 
-func (w *watch) Close() error {
+func (w *watch) Close(took bool) error {
 	sh := w.sh
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -453,7 +453,7 @@ func (w *watch) Close() error {
 		delete(sh.watchers, w.key)
 		return nil
 	}
-	if e, ok := sh.locks[w.key]; !ok || w.s.now() >= e.expires {
+	if e, ok := sh.locks[w.key]; !took && (!ok || w.s.now() >= e.expires) {
 		sh.wakeFirst(w.key) // the key is free: let the next waiter try
 	}
 	return nil
