@@ -1,0 +1,195 @@
+// Package redistest starts real redis-server processes for tests: one per
+// Server, on a free loopback port, with its own data directory, killed and
+// reaped at the end of the test.
+package redistest
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Persistence modes of a test server.
+const (
+	NoPersistence  = ""         // save "" and appendonly no
+	AOFEverySecond = "everysec" // appendonly yes, appendfsync everysec
+	AOFAlways      = "always"   // appendonly yes, appendfsync always
+)
+
+// Server is one redis-server process.
+type Server struct {
+	Addr string
+	dir  string
+	port int
+	mode string
+	cmd  *exec.Cmd
+	exit chan error
+	t    testing.TB
+}
+
+// Binary returns the path of redis-server, or fails the test with how to get
+// it. With -short it skips instead, saying so.
+func Binary(t testing.TB) string {
+	t.Helper()
+	path, err := exec.LookPath("redis-server")
+	if err == nil {
+		return path
+	}
+	if testing.Short() {
+		t.Skip("redis-server not installed; skipped with -short (scripts/test installs it)")
+	}
+	t.Fatalf("redis-server not installed: run scripts/test, which installs it, or apt-get install -y redis-server")
+	return ""
+}
+
+// Start starts a redis-server with the given persistence mode.
+func Start(t testing.TB, mode string) *Server {
+	t.Helper()
+	Binary(t)
+	s := &Server{dir: t.TempDir(), mode: mode, t: t, port: freePort(t)}
+	s.Addr = fmt.Sprintf("127.0.0.1:%d", s.port)
+	s.start()
+	t.Cleanup(s.kill)
+	return s
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("redistest: no free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func (s *Server) config() string {
+	lines := []string{
+		fmt.Sprintf("port %d", s.port),
+		"bind 127.0.0.1",
+		"protected-mode no",
+		"daemonize no",
+		`save ""`,
+		"dir " + s.dir,
+		`logfile ""`,
+		"loglevel warning",
+	}
+	if s.mode == NoPersistence {
+		lines = append(lines, "appendonly no")
+	} else {
+		lines = append(lines, "appendonly yes", "appendfsync "+s.mode)
+	}
+	return strings.Join(lines, "\n") + "\n"
+}
+
+func (s *Server) start() {
+	t := s.t
+	t.Helper()
+	cmd := exec.Command(Binary(t), "-")
+	cmd.Stdin = strings.NewReader(s.config())
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	log, err := os.OpenFile(s.dir+"/redis.log", os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		log.Close()
+		t.Fatalf("redistest: starting redis-server: %v", err)
+	}
+	log.Close()
+	s.cmd = cmd
+	exit := make(chan error, 1)
+	s.exit = exit
+	go func() { exit <- cmd.Wait() }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if err := ping(s.Addr); err == nil {
+			return
+		} else if time.Now().After(deadline) {
+			s.kill()
+			out, _ := os.ReadFile(s.dir + "/redis.log")
+			t.Fatalf("redistest: redis-server on %s not ready after 10s: %v\n%s", s.Addr, err, out)
+		}
+		select {
+		case err := <-exit:
+			out, _ := os.ReadFile(s.dir + "/redis.log")
+			t.Fatalf("redistest: redis-server exited: %v\n%s", err, out)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// ping sends PING and expects PONG, in RESP, without a client library.
+func ping(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if !strings.HasPrefix(line, "+PONG") {
+		return errors.New("unexpected reply " + strings.TrimSpace(line))
+	}
+	return nil
+}
+
+// Kill kills the server with SIGKILL (no chance to save) and reaps it.
+func (s *Server) Kill() { s.kill() }
+
+func (s *Server) kill() {
+	if s.cmd == nil {
+		return
+	}
+	s.cmd.Process.Signal(syscall.SIGCONT) // a stopped process must run to die cleanly
+	s.cmd.Process.Kill()
+	<-s.exit
+	s.cmd = nil
+}
+
+// Restart kills the server and starts it again on the same port. With
+// keepData it reuses the data directory (what persistence saved survives);
+// without, it starts empty.
+func (s *Server) Restart(keepData bool) {
+	s.t.Helper()
+	s.kill()
+	if !keepData {
+		os.RemoveAll(s.dir)
+		if err := os.MkdirAll(s.dir, 0o755); err != nil {
+			s.t.Fatal(err)
+		}
+	}
+	s.start()
+}
+
+// Stop pauses the server with SIGSTOP: it accepts connections but answers
+// nothing until Continue.
+func (s *Server) Stop() {
+	if s.cmd != nil {
+		s.cmd.Process.Signal(syscall.SIGSTOP)
+	}
+}
+
+// Continue resumes a stopped server.
+func (s *Server) Continue() {
+	if s.cmd != nil {
+		s.cmd.Process.Signal(syscall.SIGCONT)
+	}
+}
+
+// Running reports whether the server process is up.
+func (s *Server) Running() bool { return s.cmd != nil }

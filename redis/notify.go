@@ -1,0 +1,241 @@
+package redis
+
+import (
+	"container/list"
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/distlock/lock/backend"
+)
+
+// Subscriber is the part of a go-redis client that wake-ups need. Every
+// go-redis client kind has it.
+type Subscriber interface {
+	Subscribe(ctx context.Context, channels ...string) *goredis.PubSub
+}
+
+// unsubscribeAfter is how long a channel stays subscribed after its last
+// watcher left: a hot key keeps its subscription instead of paying
+// SUBSCRIBE and UNSUBSCRIBE around every wait.
+const unsubscribeAfter = 2 * time.Second
+
+// confirmTimeout bounds the wait for a subscription; without one, package
+// lock backs off and retries instead of waiting for wake-ups.
+const confirmTimeout = 2 * time.Second
+
+var errNoConfirmation = errors.New("redis: no node confirmed the subscription to release notifications")
+
+// notifier turns release messages on one or more Redis nodes into wake-ups.
+// The release script publishes the releasing owner's token on the key's
+// channel. Each release wakes the longest-waiting local watcher of the key,
+// once, even when several nodes (Redlock) publish it; a woken watcher that
+// leaves without the key passes the wake-up on.
+type notifier struct {
+	nodes []*pubsubNode
+
+	mu       sync.Mutex
+	channels map[string]*channelState
+	closed   bool
+	wg       sync.WaitGroup // dispatchers
+}
+
+type pubsubNode struct {
+	sub Subscriber
+	ps  *goredis.PubSub // nil until the first watch
+}
+
+type channelState struct {
+	watchers  *list.List    // of *watch, in arrival order
+	ready     chan struct{} // closed when a node confirmed the subscription
+	confirmed bool
+	recent    [8]string // tokens of the last releases, to wake once per release
+	next      int
+	idle      *time.Timer // pending unsubscribe
+}
+
+func newNotifier(subs ...Subscriber) *notifier {
+	n := &notifier{channels: map[string]*channelState{}}
+	for _, s := range subs {
+		n.nodes = append(n.nodes, &pubsubNode{sub: s})
+	}
+	return n
+}
+
+// watch subscribes to channel (if needed) and waits until at least one node
+// confirmed the subscription, so that no release after watch returns is
+// missed on that node.
+func (n *notifier) watch(ctx context.Context, channel string) (backend.Watch, error) {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return nil, backend.ErrClosed
+	}
+	st := n.channels[channel]
+	if st == nil {
+		st = &channelState{watchers: list.New(), ready: make(chan struct{})}
+		n.channels[channel] = st
+		for _, node := range n.nodes {
+			if node.ps == nil {
+				node.ps = node.sub.Subscribe(context.WithoutCancel(ctx))
+				n.wg.Add(1)
+				go n.dispatch(node.ps)
+			}
+			// Errors surface as a missing confirmation; the waiter
+			// then relies on its timer.
+			_ = node.ps.Subscribe(ctx, channel)
+		}
+	}
+	if st.idle != nil {
+		st.idle.Stop()
+		st.idle = nil
+	}
+	w := &watch{n: n, channel: channel, st: st, ch: make(chan struct{}, 1)}
+	w.elem = st.watchers.PushBack(w)
+	ready := st.ready
+	n.mu.Unlock()
+
+	t := time.NewTimer(confirmTimeout)
+	defer t.Stop()
+	select {
+	case <-ready:
+		return w, nil
+	case <-ctx.Done():
+		w.Close(false)
+		return nil, ctx.Err()
+	case <-t.C:
+		w.Close(false)
+		return nil, errNoConfirmation
+	}
+}
+
+func (n *notifier) dispatch(ps *goredis.PubSub) {
+	defer n.wg.Done()
+	for m := range ps.ChannelWithSubscriptions() {
+		switch m := m.(type) {
+		case *goredis.Subscription:
+			if m.Kind == "subscribe" {
+				n.confirmed(m.Channel)
+			}
+		case *goredis.Message:
+			n.released(m.Channel, m.Payload)
+		}
+	}
+}
+
+func (n *notifier) confirmed(channel string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	st := n.channels[channel]
+	if st == nil {
+		return
+	}
+	if !st.confirmed {
+		st.confirmed = true
+		close(st.ready)
+		return
+	}
+	// A node subscribed again (a reconnect, or a slower node): a release
+	// may have gone unheard meanwhile. Let the first waiter check.
+	st.wakeFirst()
+}
+
+func (n *notifier) released(channel, token string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	st := n.channels[channel]
+	if st == nil {
+		return
+	}
+	for _, t := range st.recent {
+		if t == token {
+			return // another node reported the same release
+		}
+	}
+	st.recent[st.next] = token
+	st.next = (st.next + 1) % len(st.recent)
+	st.wakeFirst()
+}
+
+func (st *channelState) wakeFirst() {
+	if e := st.watchers.Front(); e != nil {
+		e.Value.(*watch).notify()
+	}
+}
+
+func (n *notifier) leave(w *watch, took bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if w.elem == nil {
+		return
+	}
+	st := w.st
+	st.watchers.Remove(w.elem)
+	w.elem = nil
+	if w.woken && !took {
+		st.wakeFirst()
+	}
+	if st.watchers.Len() > 0 || n.closed {
+		return
+	}
+	st.idle = time.AfterFunc(unsubscribeAfter, func() { n.unsubscribe(w.channel, st) })
+}
+
+func (n *notifier) unsubscribe(channel string, st *channelState) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.channels[channel] != st || st.watchers.Len() > 0 || n.closed {
+		return
+	}
+	delete(n.channels, channel)
+	for _, node := range n.nodes {
+		if node.ps != nil {
+			_ = node.ps.Unsubscribe(context.Background(), channel)
+		}
+	}
+}
+
+func (n *notifier) close() {
+	n.mu.Lock()
+	n.closed = true
+	for _, st := range n.channels {
+		if st.idle != nil {
+			st.idle.Stop()
+		}
+	}
+	for _, node := range n.nodes {
+		if node.ps != nil {
+			node.ps.Close()
+		}
+	}
+	n.mu.Unlock()
+	n.wg.Wait()
+}
+
+type watch struct {
+	n       *notifier
+	channel string
+	st      *channelState
+	ch      chan struct{}
+	elem    *list.Element // nil once closed; guarded by n.mu
+	woken   bool          // guarded by n.mu
+}
+
+func (w *watch) C() <-chan struct{} { return w.ch }
+
+// notify is called with n.mu held.
+func (w *watch) notify() {
+	w.woken = true
+	select {
+	case w.ch <- struct{}{}:
+	default:
+	}
+}
+
+func (w *watch) Close(took bool) error {
+	w.n.leave(w, took)
+	return nil
+}

@@ -1,0 +1,324 @@
+// Package redis is the Redis backend of package lock: a single Redis
+// deployment (standalone, Sentinel failover, or Cluster, through any go-redis
+// v9 client) with New, and Redlock over several independent Redis nodes with
+// NewRedlock. Application code should use package lock; this package provides
+// the store.
+//
+//	rdb := goredis.NewClient(&goredis.Options{Addr: "localhost:6379"})
+//	locks, err := lock.New(redis.New(rdb))
+//
+// # How it works
+//
+// Acquire is one Lua script, one round trip: if the lock key is free it
+// increments the key's fence counter and sets the key to the owner token with
+// a PX expiry; if not, it returns the holder's remaining PTTL, so waiters
+// sleep no longer than needed. The counter key is hash-tagged with the lock
+// key ("lock:{KEY}" and "lock:{KEY}:fence"), so Redis Cluster keeps both in
+// one slot. Renew and release are compare-by-token scripts; release also
+// PUBLISHes on the key's channel, and waiters subscribed to it wake at once
+// instead of polling. Scripts run with EVALSHA and fall back to EVAL when the
+// server's script cache was flushed.
+//
+// # Guarantees by server configuration
+//
+//	configuration              | lock survives restart | fence after restart | safe when
+//	---------------------------|-----------------------|---------------------|------------------------
+//	no persistence             | no                    | restarts at 1: NOT  | never restarted, or
+//	                           |                       | monotonic           | restarts delayed > TTL
+//	                           |                       |                     | and fences not relied on
+//	AOF, appendfsync everysec  | up to 1s of writes    | may repeat the last | a crash loses no more
+//	                           | may be lost           | second's fences     | than 1s: not for fences
+//	AOF, appendfsync always    | yes                   | strictly increasing | always (declare it with
+//	                           |                       |                     | WithDurableFence)
+//	replica + failover         | no: replication is    | may repeat          | never for strict safety;
+//	(Sentinel, Cluster)        | asynchronous          |                     | use Redlock or etcd
+//
+// Redis expires keys by its own wall clock: a server clock stepped forward
+// expires locks early. Without persistence, a restarted server forgets every
+// lock at once: delay restarts by the longest TTL in use.
+//
+// # URLs
+//
+// redis://[user:password@]host:port[/db], rediss:// (TLS) and
+// unix://[user:password@]/path/to/socket?db=N, in go-redis's own format and
+// with its options, plus these parameters: prefix (key prefix, default
+// "lock:") and durablefence (true when the server runs with appendfsync
+// always). redlock://host1:port,host2:port,host3:port builds a Redlock over
+// those nodes, with parameters prefix, durablefence, password, username,
+// db and nodetimeout.
+package redis
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/distlock/lock/backend"
+)
+
+// Client is the narrowest go-redis interface the backend needs. Every go-redis
+// v9 client kind satisfies it: *goredis.Client (standalone or Sentinel
+// failover), *goredis.ClusterClient, *goredis.Ring and
+// goredis.UniversalClient. A Ring shards keys across independent servers
+// without failover: each key lives on one server, so it behaves as a single
+// node per key.
+type Client interface {
+	goredis.Scripter
+	Subscriber
+}
+
+// DefaultPrefix is prepended to every key the backend writes.
+const DefaultPrefix = "lock:"
+
+// MinTTL is the shortest TTL the backend accepts. Redis counts expiry in
+// milliseconds; below 10ms a round trip is a large part of the lease.
+const MinTTL = 10 * time.Millisecond
+
+// Option configures a backend.
+type Option func(*options)
+
+type options struct {
+	prefix       string
+	durableFence bool
+	nodeTimeout  time.Duration
+	closeClients bool
+}
+
+func defaultOptions() options { return options{prefix: DefaultPrefix} }
+
+// WithPrefix sets the prefix of every key the backend writes. Default
+// DefaultPrefix.
+func WithPrefix(p string) Option { return func(o *options) { o.prefix = p } }
+
+// WithDurableFence declares that the server (every node, for Redlock) runs
+// with appendonly yes and appendfsync always, so fences stay strictly
+// increasing across restarts. It changes nothing on the server; it makes the
+// backend's Capabilities say so.
+func WithDurableFence(on bool) Option { return func(o *options) { o.durableFence = on } }
+
+// WithNodeTimeout bounds each Redlock node's request. Default: a tenth of the
+// TTL, between 10ms and 1s. Ignored by the single-node backend, where the
+// caller's context bounds the request.
+func WithNodeTimeout(d time.Duration) Option { return func(o *options) { o.nodeTimeout = d } }
+
+// withCloseClients makes Close close the go-redis clients: for backends
+// opened from a URL, which own their clients.
+func withCloseClients() Option { return func(o *options) { o.closeClients = true } }
+
+// Backend is the single-deployment Redis backend. It implements
+// backend.Backend, backend.Notifier, backend.Describer and backend.Inspector.
+type Backend struct {
+	rdb    Client
+	opts   options
+	notify *notifier
+	closed atomic.Bool
+}
+
+var (
+	_ backend.Backend   = (*Backend)(nil)
+	_ backend.Notifier  = (*Backend)(nil)
+	_ backend.Describer = (*Backend)(nil)
+	_ backend.Inspector = (*Backend)(nil)
+)
+
+// New returns a backend over rdb. The backend does not close rdb unless it
+// was opened from a URL.
+func New(rdb Client, opts ...Option) *Backend {
+	o := defaultOptions()
+	for _, f := range opts {
+		if f != nil {
+			f(&o)
+		}
+	}
+	return &Backend{rdb: rdb, opts: o, notify: newNotifier(rdb)}
+}
+
+// keys returns the Redis keys of a lock: the lock key, its fence counter and
+// the channel its releases are published on. The user's key is the hash tag,
+// so all three live in one Cluster slot. A key with a brace in it would
+// change the tag, so it is replaced by its SHA-1.
+func keys(prefix, key string) (lockKey, fenceKey, channel string) {
+	tag := key
+	if strings.ContainsAny(key, "{}") {
+		sum := sha1.Sum([]byte(key))
+		tag = hex.EncodeToString(sum[:])
+	}
+	lockKey = prefix + "{" + tag + "}"
+	return lockKey, lockKey + ":fence", lockKey + ":released"
+}
+
+// ms converts a TTL to whole milliseconds, rounding up: the store never
+// expires a lock before the requested TTL.
+func ms(ttl time.Duration) int64 {
+	return int64((ttl + time.Millisecond - 1) / time.Millisecond)
+}
+
+var (
+	// acquireScript: KEYS = lock, fence; ARGV = token, ttl ms.
+	// Returns {1, fence} or {0, holder's PTTL}.
+	acquireScript = goredis.NewScript(`
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl ~= -2 then
+  return {0, pttl}
+end
+local fence = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return {1, fence}`)
+
+	// renewScript: KEYS = lock, fence; ARGV = token, ttl ms.
+	// Returns the fence, or 0 when token does not hold the lock.
+	renewScript = goredis.NewScript(`
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return tonumber(redis.call('GET', KEYS[2]) or '0')`)
+
+	// releaseScript: KEYS = lock; ARGV = token, channel.
+	// Returns 1 when it deleted the lock, 0 when token did not hold it.
+	releaseScript = goredis.NewScript(`
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[2], ARGV[1])
+return 1`)
+
+	// inspectScript: KEYS = lock, fence. Returns {} or {token, pttl, fence}.
+	inspectScript = goredis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if not v then
+  return {}
+end
+return {v, redis.call('PTTL', KEYS[1]), tonumber(redis.call('GET', KEYS[2]) or '0')}`)
+)
+
+func (b *Backend) check() error {
+	if b.closed.Load() {
+		return backend.ErrClosed
+	}
+	return nil
+}
+
+func storeErr(op string, err error) error {
+	return fmt.Errorf("redis: %s: %w", op, err)
+}
+
+// Acquire implements backend.Backend.
+func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
+	if err := b.check(); err != nil {
+		return backend.Grant{}, err
+	}
+	lk, fk, _ := keys(b.opts.prefix, key)
+	res, err := acquireScript.Run(ctx, b.rdb, []string{lk, fk}, token, ms(ttl)).Int64Slice()
+	if err != nil {
+		return backend.Grant{}, storeErr("acquire", err)
+	}
+	return grantOf(res, ttl)
+}
+
+func grantOf(res []int64, ttl time.Duration) (backend.Grant, error) {
+	if len(res) != 2 {
+		return backend.Grant{}, fmt.Errorf("redis: acquire: unexpected script reply %v", res)
+	}
+	if res[0] == 0 {
+		return backend.Grant{}, backend.Locked(max(0, time.Duration(res[1])*time.Millisecond))
+	}
+	return backend.Grant{Fence: uint64(res[1]), TTL: time.Duration(ms(ttl)) * time.Millisecond}, nil
+}
+
+// Renew implements backend.Backend.
+func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
+	if err := b.check(); err != nil {
+		return backend.Grant{}, err
+	}
+	lk, fk, _ := keys(b.opts.prefix, key)
+	fence, err := renewScript.Run(ctx, b.rdb, []string{lk, fk}, token, ms(ttl)).Int64()
+	if err != nil {
+		return backend.Grant{}, storeErr("renew", err)
+	}
+	if fence == 0 {
+		return backend.Grant{}, backend.ErrNotHeld
+	}
+	return backend.Grant{Fence: uint64(fence), TTL: time.Duration(ms(ttl)) * time.Millisecond}, nil
+}
+
+// Release implements backend.Backend.
+func (b *Backend) Release(ctx context.Context, key, token string) error {
+	if err := b.check(); err != nil {
+		return err
+	}
+	lk, _, ch := keys(b.opts.prefix, key)
+	n, err := releaseScript.Run(ctx, b.rdb, []string{lk}, token, ch).Int64()
+	if err != nil {
+		return storeErr("release", err)
+	}
+	if n == 0 {
+		return backend.ErrNotHeld
+	}
+	return nil
+}
+
+// Inspect implements backend.Inspector.
+func (b *Backend) Inspect(ctx context.Context, key string) (backend.Holder, error) {
+	if err := b.check(); err != nil {
+		return backend.Holder{}, err
+	}
+	lk, fk, _ := keys(b.opts.prefix, key)
+	return inspect(ctx, b.rdb, lk, fk)
+}
+
+func inspect(ctx context.Context, rdb goredis.Scripter, lk, fk string) (backend.Holder, error) {
+	res, err := inspectScript.Run(ctx, rdb, []string{lk, fk}).Slice()
+	if err != nil {
+		return backend.Holder{}, storeErr("inspect", err)
+	}
+	if len(res) != 3 {
+		return backend.Holder{}, nil
+	}
+	token, _ := res[0].(string)
+	pttl, _ := res[1].(int64)
+	fence, _ := res[2].(int64)
+	return backend.Holder{Held: true, Token: token, Fence: uint64(fence), Remaining: max(0, time.Duration(pttl)*time.Millisecond)}, nil
+}
+
+// Watch implements backend.Notifier with Redis pub/sub.
+func (b *Backend) Watch(ctx context.Context, key string) (backend.Watch, error) {
+	if err := b.check(); err != nil {
+		return nil, err
+	}
+	_, _, ch := keys(b.opts.prefix, key)
+	return b.notify.watch(ctx, ch)
+}
+
+// Capabilities implements backend.Describer.
+func (b *Backend) Capabilities() backend.Capabilities {
+	return backend.Capabilities{
+		MinTTL:       MinTTL,
+		Granularity:  time.Millisecond,
+		ExpiryFactor: 1,
+		ExpirySlack:  2 * time.Millisecond, // millisecond expiry resolution
+		DurableFence: b.opts.durableFence,
+	}
+}
+
+// Close stops the backend's subscriptions. It closes the go-redis client only
+// when the backend was opened from a URL.
+func (b *Backend) Close() error {
+	if !b.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	b.notify.close()
+	if b.opts.closeClients {
+		if c, ok := b.rdb.(interface{ Close() error }); ok {
+			return c.Close()
+		}
+	}
+	return nil
+}
