@@ -14,6 +14,9 @@ import (
 var (
 	// ErrLocked: the key is held by another owner (TryAcquire).
 	ErrLocked = backend.ErrLocked
+	// ErrContended: concurrent attempts kept splitting a multi-node store's
+	// quorum (Redlock) and TryAcquire gave up; nobody held the key.
+	ErrContended = backend.ErrContended
 	// ErrNotHeld: the store says the key is not held by this owner.
 	ErrNotHeld = backend.ErrNotHeld
 	// ErrLost: the lease ended without being released: its validity deadline

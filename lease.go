@@ -289,6 +289,11 @@ func (l *Lease) tick() {
 	}
 	l.renewing = true
 	ctx, cancel := context.WithCancel(context.Background())
+	if l.clock == clock.Real {
+		// Past the deadline the renewal is useless: let the backend give
+		// up then too.
+		ctx, cancel = context.WithDeadline(context.Background(), l.deadline)
+	}
 	l.cancel = cancel
 	l.armLocked() // guard the deadline while the renewal runs
 	l.mu.Unlock()

@@ -229,6 +229,14 @@ type entropy struct {
 
 var entropyPool = sync.Pool{New: func() any { return &entropy{off: len(entropy{}.buf)} }}
 
+// Split votes (backend.ErrContended) are retried after a random delay of up
+// to splitDelay times the number of splits so far (at most 8); TryAcquire
+// gives up after maxSplitRetries.
+const (
+	splitDelay      = time.Millisecond
+	maxSplitRetries = 64
+)
+
 // newToken returns 128 random bits from crypto/rand as 32 hex digits.
 func newToken() string {
 	e := entropyPool.Get().(*entropy)
@@ -283,12 +291,25 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 		}
 	}()
 	backoff := cfg.minBackoff
+	splits := 0
 	for {
 		sent := cfg.clock.Now()
 		g, err := c.b.Acquire(ctx, key, token, cfg.ttl)
 		if err == nil {
 			took = true
 			return c.newLease(key, token, cfg, sent, g), nil
+		}
+		if errors.Is(err, ErrContended) {
+			// A split vote: nobody holds the key. Retry after a random
+			// delay, so that one contender gets ahead of the others.
+			splits++
+			if !wait && splits >= maxSplitRetries {
+				return nil, wrap(op, key, err)
+			}
+			if err := c.sleep(ctx, cfg, rand.N(splitDelay*time.Duration(min(splits, 8))), nil); err != nil {
+				return nil, wrap(op, key, err)
+			}
+			continue
 		}
 		var locked *backend.LockedError
 		isLocked := errors.As(err, &locked) || errors.Is(err, ErrLocked)

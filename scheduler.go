@@ -73,14 +73,25 @@ func (s *scheduler) fire() {
 	}
 	s.mu.Unlock()
 
-	// Run the ticks concurrently (a renewal is a network call) and return
-	// when they are done, so that clock.Fake.AdvanceWait covers them.
+	// Run the ticks concurrently (a renewal is a network call), at most
+	// maxConcurrentTicks at once, so that thousands of leases falling due
+	// together do not flood the store; a lease whose renewal waits too long
+	// is still lost on time, at its deadline. Return when they are done, so
+	// that clock.Fake.AdvanceWait covers them.
 	var wg sync.WaitGroup
+	slots := make(chan struct{}, maxConcurrentTicks)
 	for _, l := range due {
-		wg.Go(l.tick)
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			l.tick()
+		})
 	}
 	wg.Wait()
 }
+
+// maxConcurrentTicks bounds the renewals one firing runs at once.
+const maxConcurrentTicks = 64
 
 type leaseHeap []*Lease
 

@@ -40,6 +40,11 @@ var (
 	// ErrNotHeld: the key is not held by the given token (free, expired, or
 	// held by someone else).
 	ErrNotHeld = errors.New("lock: not held by this owner")
+	// ErrContended: nobody holds the key, but concurrent attempts split the
+	// store's nodes so that none got a majority (Redlock's split vote). The
+	// attempt left nothing behind; package lock retries it after a random
+	// delay.
+	ErrContended = errors.New("lock: contended: concurrent attempts split the quorum")
 	// ErrInvalid: the input cannot be accepted. Nothing was changed.
 	ErrInvalid = errors.New("lock: invalid argument")
 	// ErrClosed: the backend or client was closed.
@@ -65,13 +70,18 @@ type Backend interface {
 	// errors.Is(err, ErrLocked) holds; use Locked to report the holder's
 	// remaining TTL when it is cheap to know.
 	//
+	// A store with several nodes that finds nobody holding a majority but
+	// cannot get one either, because of concurrent attempts, undoes its
+	// partial grant and returns ErrContended.
+	//
 	// If token already holds key, Acquire returns ErrLocked too: a token is
 	// used for one acquisition only, and re-entrancy is not part of the
 	// contract.
 	Acquire(ctx context.Context, key, token string, ttl time.Duration) (Grant, error)
 
 	// Renew extends the lock that token holds on key to ttl from now and
-	// returns the same fence it was granted with. If the key is free, expired,
+	// returns the fence it was granted with, or 0 when the store does not
+	// keep it at hand (package lock keeps the fence from Acquire). If the key is free, expired,
 	// or held by another token, it returns ErrNotHeld and changes nothing: a
 	// renew never re-acquires.
 	Renew(ctx context.Context, key, token string, ttl time.Duration) (Grant, error)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
@@ -83,7 +84,7 @@ type singleHarness struct {
 
 func (h *singleHarness) NewBackend(context.Context) (backend.Backend, error) {
 	rdbs, proxies := h.clientsOf([]string{h.srv.Addr})
-	b := &ownsClients{redis.New(rdbs[0], redis.WithDurableFence(h.durable)), rdbs}
+	b := &ownsClients{redis.New(rdbs[0], redis.WithDurableFence(h.durable)), rdbs, proxies}
 	h.remember(b, proxies)
 	return b, nil
 }
@@ -92,15 +93,25 @@ func (h *singleHarness) NewBackend(context.Context) (backend.Backend, error) {
 // that exits would: the suite checks that a closed client leaves nothing.
 type ownsClients struct {
 	*redis.Backend
-	rdbs []*goredis.Client
+	rdbs    []*goredis.Client
+	proxies []*tcpproxy.Proxy
 }
 
 func (o *ownsClients) Close() error {
 	err := o.Backend.Close()
-	for _, c := range o.rdbs {
+	closeAll(o.rdbs, o.proxies)
+	return err
+}
+
+// closeAll closes a backend's go-redis clients and its proxies, as the exit
+// of its process would.
+func closeAll(rdbs []*goredis.Client, proxies []*tcpproxy.Proxy) {
+	for _, c := range rdbs {
 		c.Close()
 	}
-	return err
+	for _, p := range proxies {
+		p.Close()
+	}
 }
 
 func (h *singleHarness) Capabilities() backend.Capabilities {
@@ -126,5 +137,97 @@ var (
 func TestConformanceSingleNode(t *testing.T) {
 	conformance.Run(t, func(t *testing.T) conformance.Harness {
 		return &singleHarness{proxied: proxied{t: t}, srv: redistest.Start(t, redistest.AOFAlways), durable: true}
+	})
+}
+
+// redlockHarness is N independent redis-servers.
+type redlockHarness struct {
+	proxied
+	srvs []*redistest.Server
+}
+
+// redlockNodeTimeout is generous for loaded CI machines running -race.
+const redlockNodeTimeout = 150 * time.Millisecond
+
+func newRedlockHarness(t *testing.T, n int, mode string) *redlockHarness {
+	h := &redlockHarness{proxied: proxied{t: t}}
+	for i := 0; i < n; i++ {
+		h.srvs = append(h.srvs, redistest.Start(t, mode))
+	}
+	return h
+}
+
+func (h *redlockHarness) addrs() []string {
+	var out []string
+	for _, s := range h.srvs {
+		out = append(out, s.Addr)
+	}
+	return out
+}
+
+func (h *redlockHarness) NewBackend(context.Context) (backend.Backend, error) {
+	rdbs, proxies := h.clientsOf(h.addrs())
+	nodes := make([]redis.Client, len(rdbs))
+	for i, c := range rdbs {
+		nodes[i] = c
+	}
+	r, err := redis.NewRedlock(nodes, redis.WithDurableFence(true), redis.WithNodeTimeout(redlockNodeTimeout))
+	if err != nil {
+		return nil, err
+	}
+	b := &ownsRedlockClients{r, rdbs, proxies}
+	h.remember(b, proxies)
+	return b, nil
+}
+
+type ownsRedlockClients struct {
+	*redis.Redlock
+	rdbs    []*goredis.Client
+	proxies []*tcpproxy.Proxy
+}
+
+func (o *ownsRedlockClients) Close() error {
+	err := o.Redlock.Close()
+	closeAll(o.rdbs, o.proxies)
+	return err
+}
+
+func (h *redlockHarness) Capabilities() backend.Capabilities {
+	// The same declaration as the single node's: every node expires by
+	// its own PX, and the fence is durable with appendfsync always.
+	return redis.New(nil, redis.WithDurableFence(true)).Capabilities()
+}
+
+func (h *redlockHarness) Pause(context.Context) error {
+	for _, s := range h.srvs {
+		s.Stop()
+	}
+	return nil
+}
+
+func (h *redlockHarness) Resume(context.Context) error {
+	for _, s := range h.srvs {
+		s.Continue()
+	}
+	return nil
+}
+
+func (h *redlockHarness) Restart(_ context.Context, keepData bool) error {
+	for _, s := range h.srvs {
+		s.Restart(keepData)
+	}
+	return nil
+}
+
+// Redlock over 3 and 5 nodes, each with appendfsync always.
+func TestConformanceRedlock3(t *testing.T) {
+	conformance.Run(t, func(t *testing.T) conformance.Harness {
+		return newRedlockHarness(t, 3, redistest.AOFAlways)
+	})
+}
+
+func TestConformanceRedlock5(t *testing.T) {
+	conformance.Run(t, func(t *testing.T) conformance.Harness {
+		return newRedlockHarness(t, 5, redistest.AOFAlways)
 	})
 }

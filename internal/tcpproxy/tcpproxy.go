@@ -6,7 +6,6 @@
 package tcpproxy
 
 import (
-	"io"
 	"net"
 	"sync"
 	"testing"
@@ -75,10 +74,7 @@ func (p *Proxy) pipe(dst, src net.Conn) {
 			}
 		}
 		if err != nil {
-			if err != io.EOF {
-				return
-			}
-			return
+			return // EOF or a closed connection: close both sides
 		}
 	}
 }
@@ -114,7 +110,8 @@ func (p *Proxy) Heal() {
 	}
 }
 
-// Close heals, stops listening and closes every connection.
+// Close heals, stops listening and closes every connection. It is
+// idempotent.
 func (p *Proxy) Close() {
 	p.Heal()
 	p.ln.Close()
