@@ -1,0 +1,314 @@
+package redis_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/distlock/lock"
+	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/internal/redistest"
+	"github.com/distlock/lock/redis"
+)
+
+func newLocks(t *testing.T, b backend.Backend, opts ...lock.Option) *lock.Client {
+	t.Helper()
+	c, err := lock.New(b, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// Without persistence a restart forgets the fence counter: fences repeat.
+// The backend says so (DurableFence false), and this is what breaks.
+func TestFenceWithoutPersistenceRepeatsAfterRestart(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	b := redis.New(newGoRedis(t, srv.Addr))
+	if b.Capabilities().DurableFence {
+		t.Fatal("a backend not declared durable says its fence is durable")
+	}
+	locks := newLocks(t, b)
+	ctx := context.Background()
+	var before uint64
+	for i := 0; i < 5; i++ {
+		l, err := locks.TryAcquire(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		before = l.Fence()
+		l.Release(ctx)
+	}
+	srv.Restart(true) // same directory, but nothing was persisted
+	l, err := locks.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+	if l.Fence() > before {
+		t.Fatalf("fence %d after a restart without persistence; expected it to start again (<= %d)", l.Fence(), before)
+	}
+	t.Logf("without persistence: fence %d before the restart, %d after: a resource checking fences would reject the new holder", before, l.Fence())
+}
+
+// With appendfsync always the counter survives kill -9.
+func TestFenceWithAOFAlwaysSurvivesKill(t *testing.T) {
+	srv := redistest.Start(t, redistest.AOFAlways)
+	b := redis.New(newGoRedis(t, srv.Addr), redis.WithDurableFence(true))
+	locks := newLocks(t, b)
+	ctx := context.Background()
+	var before uint64
+	for i := 0; i < 100; i++ {
+		l, err := locks.TryAcquire(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		before = l.Fence()
+		l.Release(ctx)
+	}
+	srv.Restart(true) // SIGKILL, then start on the same data
+	l, err := locks.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+	if l.Fence() <= before {
+		t.Fatalf("fence %d after kill -9 and restart; %d before: want strictly increasing", l.Fence(), before)
+	}
+}
+
+func TestScriptCacheFlushIsSurvived(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	rdb := newGoRedis(t, srv.Addr)
+	locks := newLocks(t, redis.New(rdb))
+	ctx := context.Background()
+	l, err := locks.TryAcquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Renew(ctx); err != nil {
+		t.Fatalf("Renew after SCRIPT FLUSH: %v", err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("Release after SCRIPT FLUSH: %v", err)
+	}
+}
+
+func TestKeysShareAClusterSlot(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	rdb := newGoRedis(t, srv.Addr)
+	b := redis.New(rdb)
+	locks := newLocks(t, b)
+	ctx := context.Background()
+	for _, key := range []string{"plain", "with{brace", "}leading", "a{b}c", "ünïcödé"} {
+		l, err := locks.TryAcquire(ctx, key)
+		if err != nil {
+			t.Fatalf("%q: %v", key, err)
+		}
+		var lockKey, fenceKey string
+		for _, k := range rdb.Keys(ctx, "lock:*").Val() {
+			if strings.HasSuffix(k, ":fence") {
+				fenceKey = k
+			} else {
+				lockKey = k
+			}
+		}
+		lockSlot, _ := rdb.ClusterKeySlot(ctx, lockKey).Result()
+		fenceSlot, _ := rdb.ClusterKeySlot(ctx, fenceKey).Result()
+		if lockKey == "" || fenceKey == "" || lockSlot != fenceSlot {
+			t.Errorf("%q: lock key %q (slot %d) and fence key %q (slot %d) must share a slot", key, lockKey, lockSlot, fenceKey, fenceSlot)
+		}
+		l.Release(ctx)
+		rdb.FlushAll(ctx)
+	}
+}
+
+func TestHolderRemainingTTLBoundsTheWait(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	rdb := newGoRedis(t, srv.Addr)
+	b := redis.New(rdb)
+	ctx := context.Background()
+	if _, err := b.Acquire(ctx, "k", "holder-token", 300*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	_, err := b.Acquire(ctx, "k", "other-token", time.Second)
+	var le *backend.LockedError
+	if !errors.As(err, &le) || le.Remaining <= 0 || le.Remaining > 300*time.Millisecond {
+		t.Fatalf("conflict: %v; want ErrLocked with the holder's remaining TTL", err)
+	}
+	h, err := b.Inspect(ctx, "k")
+	if err != nil || !h.Held || h.Token != "holder-token" || h.Fence != 1 {
+		t.Fatalf("Inspect: %+v, %v", h, err)
+	}
+}
+
+// redlockOver builds a Redlock over servers, with clients that honour
+// context deadlines.
+func redlockOver(t *testing.T, srvs []*redistest.Server, opts ...redis.Option) (*redis.Redlock, []*goredis.Client) {
+	t.Helper()
+	var nodes []redis.Client
+	var rdbs []*goredis.Client
+	for _, s := range srvs {
+		c := newGoRedis(t, s.Addr)
+		rdbs = append(rdbs, c)
+		nodes = append(nodes, c)
+	}
+	r, err := redis.NewRedlock(nodes, append([]redis.Option{redis.WithNodeTimeout(redlockNodeTimeout)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r, rdbs
+}
+
+func startN(t *testing.T, n int, mode string) []*redistest.Server {
+	var out []*redistest.Server
+	for i := 0; i < n; i++ {
+		out = append(out, redistest.Start(t, mode))
+	}
+	return out
+}
+
+func TestRedlockMinorityDown(t *testing.T) {
+	for _, fault := range []string{"killed", "stopped"} {
+		t.Run(fault, func(t *testing.T) {
+			srvs := startN(t, 5, redistest.NoPersistence)
+			r, _ := redlockOver(t, srvs)
+			locks := newLocks(t, r)
+			for _, s := range srvs[:2] {
+				if fault == "killed" {
+					s.Kill()
+				} else {
+					s.Stop()
+					t.Cleanup(s.Continue)
+				}
+			}
+			ctx := context.Background()
+			l, err := locks.TryAcquire(ctx, "k")
+			if err != nil {
+				t.Fatalf("TryAcquire with 2 of 5 nodes %s: %v", fault, err)
+			}
+			if err := l.Renew(ctx); err != nil {
+				t.Errorf("Renew: %v", err)
+			}
+			if _, err := newLocks(t, r).TryAcquire(ctx, "k"); !errors.Is(err, lock.ErrLocked) {
+				t.Errorf("second TryAcquire: %v; want ErrLocked", err)
+			}
+			if err := l.Release(ctx); err != nil {
+				t.Errorf("Release: %v", err)
+			}
+		})
+	}
+}
+
+func TestRedlockMajorityDownFailsFastAndLeavesNothing(t *testing.T) {
+	srvs := startN(t, 5, redistest.NoPersistence)
+	r, rdbs := redlockOver(t, srvs)
+	locks := newLocks(t, r)
+	for _, s := range srvs[:3] {
+		s.Stop()
+		t.Cleanup(s.Continue)
+	}
+	ctx := context.Background()
+	start := time.Now()
+	_, err := locks.TryAcquire(ctx, "k")
+	took := time.Since(start)
+	if err == nil || errors.Is(err, lock.ErrLocked) {
+		t.Fatalf("TryAcquire with 3 of 5 nodes stopped: %v; want a quorum error", err)
+	}
+	// Two phases at most, each bounded by the node timeout.
+	if bound := 2*redlockNodeTimeout + time.Second; took > bound {
+		t.Errorf("failed after %v; want within %v", took, bound)
+	}
+	if !strings.Contains(err.Error(), "2 of 5 nodes agreed, 3 needed") {
+		t.Errorf("error %q does not say how many nodes agreed", err)
+	}
+	for i, c := range rdbs[3:] {
+		if keys := c.Keys(ctx, "*").Val(); len(keys) != 0 {
+			t.Errorf("live node %d holds %v after the failed acquire; want nothing", i+3, keys)
+		}
+	}
+}
+
+func TestRedlockEverySubsetPreoccupied(t *testing.T) {
+	for _, n := range []int{3, 5} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			srvs := startN(t, n, redistest.NoPersistence)
+			r, rdbs := redlockOver(t, srvs)
+			locks := newLocks(t, r, lock.WithAutoRenew(false))
+			ctx := context.Background()
+			quorum := n/2 + 1
+			for mask := 0; mask < 1<<n; mask++ {
+				key := fmt.Sprintf("subset-%d", mask)
+				free := 0
+				for i, c := range rdbs {
+					if mask&(1<<i) != 0 {
+						c.Set(ctx, "lock:{"+key+"}", "foreign", 10*time.Second)
+					} else {
+						free++
+					}
+				}
+				l, err := locks.TryAcquire(ctx, key)
+				want := free >= quorum
+				switch {
+				case want && err != nil:
+					t.Errorf("nodes %0*b occupied, %d free: %v; want success", n, mask, free, err)
+				case !want && err == nil:
+					t.Errorf("nodes %0*b occupied, %d free: acquired; want failure", n, mask, free)
+				case !want && !errors.Is(err, lock.ErrLocked):
+					t.Errorf("nodes %0*b occupied: %v; want ErrLocked", n, mask, err)
+				}
+				if l != nil {
+					l.Release(ctx)
+				}
+				for i, c := range rdbs {
+					v := c.Get(ctx, "lock:{"+key+"}").Val()
+					if mask&(1<<i) != 0 && v != "foreign" {
+						t.Errorf("mask %0*b: node %d's foreign lock was touched: %q", n, mask, i, v)
+					}
+					if mask&(1<<i) == 0 && v != "" {
+						t.Errorf("mask %0*b: node %d keeps %q after the attempt", n, mask, i, v)
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestRedlockNodeRestartedEmptyKeepsFencesIncreasing(t *testing.T) {
+	srvs := startN(t, 3, redistest.AOFAlways)
+	r, _ := redlockOver(t, srvs)
+	locks := newLocks(t, r)
+	ctx := context.Background()
+	var last uint64
+	acquire := func(rounds int) {
+		t.Helper()
+		for i := 0; i < rounds; i++ {
+			l, err := locks.Acquire(ctx, "k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if l.Fence() <= last {
+				t.Fatalf("fence %d after %d: want strictly increasing", l.Fence(), last)
+			}
+			last = l.Fence()
+			if err := l.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	acquire(20)
+	for i := range srvs {
+		srvs[i].Restart(false) // this node loses everything; the other two keep theirs
+		acquire(20)
+	}
+}
