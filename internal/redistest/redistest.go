@@ -23,6 +23,16 @@ const (
 	AOFAlways      = "always"   // appendonly yes, appendfsync always
 )
 
+// T is the part of testing.TB the helpers use, so that the benchmark
+// program can start servers too.
+type T interface {
+	Helper()
+	Fatalf(format string, args ...any)
+	Skip(args ...any)
+	TempDir() string
+	Cleanup(func())
+}
+
 // Server is one redis-server process.
 type Server struct {
 	Addr string
@@ -31,18 +41,18 @@ type Server struct {
 	mode string
 	cmd  *exec.Cmd
 	exit chan error
-	t    testing.TB
+	t    T
 }
 
 // Binary returns the path of redis-server, or fails the test with how to get
 // it. With -short it skips instead, saying so.
-func Binary(t testing.TB) string {
+func Binary(t T) string {
 	t.Helper()
 	path, err := exec.LookPath("redis-server")
 	if err == nil {
 		return path
 	}
-	if testing.Short() {
+	if testing.Testing() && testing.Short() {
 		t.Skip("redis-server not installed; skipped with -short (scripts/test installs it)")
 	}
 	t.Fatalf("redis-server not installed: run scripts/test, which installs it, or apt-get install -y redis-server")
@@ -50,7 +60,7 @@ func Binary(t testing.TB) string {
 }
 
 // Start starts a redis-server with the given persistence mode.
-func Start(t testing.TB, mode string) *Server {
+func Start(t T, mode string) *Server {
 	t.Helper()
 	Binary(t)
 	s := &Server{dir: t.TempDir(), mode: mode, t: t, port: freePort(t)}
@@ -60,7 +70,7 @@ func Start(t testing.TB, mode string) *Server {
 	return s
 }
 
-func freePort(t testing.TB) int {
+func freePort(t T) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -97,7 +107,7 @@ func (s *Server) start() {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	log, err := os.OpenFile(s.dir+"/redis.log", os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("redistest: %v", err)
 	}
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
@@ -170,7 +180,7 @@ func (s *Server) Restart(keepData bool) {
 	if !keepData {
 		os.RemoveAll(s.dir)
 		if err := os.MkdirAll(s.dir, 0o755); err != nil {
-			s.t.Fatal(err)
+			s.t.Fatalf("redistest: %v", err)
 		}
 	}
 	s.start()

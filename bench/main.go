@@ -1,0 +1,413 @@
+// Command bench measures the Redis backend of github.com/distlock/lock beside
+// its peers, bsm/redislock and go-redsync/redsync, and beside a floor written
+// here (a bare go-redis SET NX PX, then a compare-and-delete script, no
+// library), all against one redis-server this program starts, in one run.
+//
+//	cd bench && go run .
+//
+// Scenarios, each run in interleaved rounds (the machine is noisy; compare
+// ratios, not absolute figures across runs):
+//
+//   - one goroutine: acquire then release one key, as fast as possible;
+//   - 32 goroutines, each on its own key;
+//   - hot key: 16 goroutines on one key, each holding it 1ms per section.
+//     Utilisation = sections x 1ms / wall time (100% means the lock is never
+//     idle while someone waits); requests per section = commands the client
+//     sent (counted by a go-redis hook) / sections.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/bsm/redislock"
+	"github.com/go-redsync/redsync/v4"
+	redsyncgoredis "github.com/go-redsync/redsync/v4/redis/goredis/v9"
+	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/distlock/lock"
+	"github.com/distlock/lock/internal/redistest"
+	lockredis "github.com/distlock/lock/redis"
+)
+
+const ttl = 10 * time.Second
+
+// locker is one peer's way to take a key once or to wait for it.
+type locker interface {
+	try(ctx context.Context, key string) (func(context.Context) error, error)
+	wait(ctx context.Context, key string) (func(context.Context) error, error)
+}
+
+type peer struct {
+	name string
+	new  func(rdb *goredis.Client) locker
+}
+
+var peers = []peer{
+	{"lock", newLock},
+	{"bsm/redislock", newRedislock},
+	{"redsync (default retry)", newRedsync(0)},
+	{"redsync (1ms retry)", newRedsync(time.Millisecond)},
+	{"floor (bare go-redis)", newFloor},
+}
+
+// --- this library
+
+type lockPeer struct{ c *lock.Client }
+
+func newLock(rdb *goredis.Client) locker {
+	c, err := lock.New(lockredis.New(rdb), lock.WithTTL(ttl))
+	if err != nil {
+		panic(err)
+	}
+	return lockPeer{c}
+}
+
+func (p lockPeer) try(ctx context.Context, key string) (func(context.Context) error, error) {
+	l, err := p.c.TryAcquire(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	return l.Release, nil
+}
+
+func (p lockPeer) wait(ctx context.Context, key string) (func(context.Context) error, error) {
+	l, err := p.c.Acquire(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	return l.Release, nil
+}
+
+// --- bsm/redislock
+
+type redislockPeer struct{ c *redislock.Client }
+
+func newRedislock(rdb *goredis.Client) locker { return redislockPeer{redislock.New(rdb)} }
+
+func (p redislockPeer) try(ctx context.Context, key string) (func(context.Context) error, error) {
+	l, err := p.c.Obtain(ctx, key, ttl, nil)
+	if err != nil {
+		return nil, err
+	}
+	return l.Release, nil
+}
+
+func (p redislockPeer) wait(ctx context.Context, key string) (func(context.Context) error, error) {
+	l, err := p.c.Obtain(ctx, key, ttl, &redislock.Options{RetryStrategy: redislock.LinearBackoff(time.Millisecond)})
+	if err != nil {
+		return nil, err
+	}
+	return l.Release, nil
+}
+
+// --- go-redsync/redsync
+
+type redsyncPeer struct {
+	rs    *redsync.Redsync
+	retry time.Duration
+}
+
+func newRedsync(retry time.Duration) func(*goredis.Client) locker {
+	return func(rdb *goredis.Client) locker {
+		return redsyncPeer{redsync.New(redsyncgoredis.NewPool(rdb)), retry}
+	}
+}
+
+func (p redsyncPeer) try(ctx context.Context, key string) (func(context.Context) error, error) {
+	m := p.rs.NewMutex(key, redsync.WithExpiry(ttl), redsync.WithTries(1))
+	if err := m.LockContext(ctx); err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context) error { _, err := m.UnlockContext(ctx); return err }, nil
+}
+
+func (p redsyncPeer) wait(ctx context.Context, key string) (func(context.Context) error, error) {
+	opts := []redsync.Option{redsync.WithExpiry(ttl)}
+	if p.retry > 0 {
+		opts = append(opts, redsync.WithRetryDelay(p.retry), redsync.WithTries(math.MaxInt32))
+	}
+	for {
+		m := p.rs.NewMutex(key, opts...)
+		err := m.LockContext(ctx)
+		if err == nil {
+			return func(ctx context.Context) error { _, err := m.UnlockContext(ctx); return err }, nil
+		}
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		// The default gives up after 32 tries; a waiter keeps waiting.
+	}
+}
+
+// --- the floor: the protocol with no library around it
+
+type floorPeer struct{ rdb *goredis.Client }
+
+var floorRelease = goredis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
+
+func newFloor(rdb *goredis.Client) locker { return floorPeer{rdb} }
+
+var floorTokens atomic.Uint64
+
+func (p floorPeer) try(ctx context.Context, key string) (func(context.Context) error, error) {
+	token := fmt.Sprint(floorTokens.Add(1))
+	ok, err := p.rdb.SetNX(ctx, key, token, ttl).Result()
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, errors.New("locked")
+	}
+	return func(ctx context.Context) error {
+		return floorRelease.Run(ctx, p.rdb, []string{key}, token).Err()
+	}, nil
+}
+
+func (p floorPeer) wait(ctx context.Context, key string) (func(context.Context) error, error) {
+	for {
+		unlock, err := p.try(ctx, key)
+		if err == nil {
+			return unlock, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// --- measurement
+
+// counter is a go-redis hook counting the commands a client sends.
+type counter struct{ n atomic.Int64 }
+
+func (c *counter) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (c *counter) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		c.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (c *counter) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		c.n.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+
+type result struct {
+	one, own    float64 // cycles per second
+	utilisation float64 // percent
+	requests    float64 // per section
+}
+
+var run atomic.Int64 // makes every measurement's keys unique
+
+// cycles runs workers goroutines, each taking and releasing its own key, for
+// d, and returns cycles per second.
+func cycles(l locker, workers int, d time.Duration) float64 {
+	ctx := context.Background()
+	prefix := fmt.Sprintf("bench:%d", run.Add(1))
+	var total atomic.Int64
+	stop := time.Now().Add(d)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		key := fmt.Sprintf("%s:%d", prefix, w)
+		wg.Go(func() {
+			n := int64(0)
+			for time.Now().Before(stop) {
+				unlock, err := l.try(ctx, key)
+				if err != nil {
+					fmt.Fprintln(os.Stderr, "bench:", err)
+					os.Exit(1)
+				}
+				if err := unlock(ctx); err != nil {
+					fmt.Fprintln(os.Stderr, "bench:", err)
+					os.Exit(1)
+				}
+				n++
+			}
+			total.Add(n)
+		})
+	}
+	wg.Wait()
+	return float64(total.Load()) / time.Since(start).Seconds()
+}
+
+// hold keeps the section for exactly 1ms: a sleep for most of it, then a
+// spin, so that timer slack does not count as idle lock time.
+func hold() {
+	start := time.Now()
+	time.Sleep(800 * time.Microsecond)
+	for time.Since(start) < time.Millisecond {
+	}
+}
+
+// hot runs 16 goroutines on one key for d; it returns the utilisation in
+// percent and the requests per section.
+func hot(l locker, c *counter, d time.Duration) (float64, float64) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	key := fmt.Sprintf("bench:hot:%d", run.Add(1))
+	var sections atomic.Int64
+	before := c.n.Load()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := 0; w < 16; w++ {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				unlock, err := l.wait(ctx, key)
+				if err != nil {
+					return // the run ended while waiting
+				}
+				hold()
+				sections.Add(1)
+				unlock(context.Background())
+			}
+		})
+	}
+	wg.Wait()
+	wall := time.Since(start)
+	n := sections.Load()
+	return 100 * float64(n) * float64(time.Millisecond) / float64(wall), float64(c.n.Load()-before) / float64(n)
+}
+
+func median(xs []float64) float64 {
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	return s[len(s)/2]
+}
+
+func main() {
+	rounds := flag.Int("rounds", 3, "interleaved rounds per scenario; the table shows medians")
+	dur := flag.Duration("duration", time.Second, "length of one cycles measurement")
+	hotDur := flag.Duration("hot", 3*time.Second, "length of one hot-key measurement")
+	only := flag.String("only", "", "comma-separated scenarios to run: one,own,hot (default all)")
+	flag.Parse()
+
+	h := &harness{}
+	defer h.cleanup()
+	srv := redistest.Start(h, redistest.NoPersistence)
+	fmt.Printf("redis-server %s, %d rounds, GOMAXPROCS %d\n\n", srv.Addr, *rounds, runtimeProcs())
+
+	type state struct {
+		l                    locker
+		c                    *counter
+		one, own, util, reqs []float64
+	}
+	states := make([]*state, len(peers))
+	for i, p := range peers {
+		c := &counter{}
+		rdb := goredis.NewClient(&goredis.Options{
+			Addr:                     srv.Addr,
+			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+		})
+		rdb.AddHook(c)
+		defer rdb.Close()
+		states[i] = &state{l: p.new(rdb), c: c}
+	}
+	want := func(s string) bool { return *only == "" || strings.Contains(*only, s) }
+	for r := 0; r < *rounds; r++ {
+		for i, p := range peers {
+			st := states[i]
+			if want("one") {
+				st.one = append(st.one, cycles(st.l, 1, *dur))
+			}
+			if want("own") {
+				st.own = append(st.own, cycles(st.l, 32, *dur))
+			}
+			if want("hot") {
+				u, q := hot(st.l, st.c, *hotDur)
+				st.util, st.reqs = append(st.util, u), append(st.reqs, q)
+			}
+			fmt.Fprintf(os.Stderr, "round %d/%d: %s done\n", r+1, *rounds, p.name)
+		}
+	}
+
+	res := make([]result, len(peers))
+	for i, st := range states {
+		if want("one") {
+			res[i].one = median(st.one)
+		}
+		if want("own") {
+			res[i].own = median(st.own)
+		}
+		if want("hot") {
+			res[i].utilisation, res[i].requests = median(st.util), median(st.reqs)
+		}
+	}
+	fmt.Println("| peer | one goroutine, cycles/s | 32 goroutines own keys, cycles/s | hot key 1ms hold: utilisation | requests per section |")
+	fmt.Println("|---|---|---|---|---|")
+	for i, p := range peers {
+		r := res[i]
+		fmt.Printf("| %s | %.0f | %.0f | %.1f%% | %.1f |\n", p.name, r.one, r.own, r.utilisation, r.requests)
+	}
+	lockR, redislockR, floorR := res[0], res[1], res[len(res)-1]
+	fmt.Println()
+	fmt.Println("Targets for lock (ratios of medians measured side by side in this run):")
+	check := func(what string, got, target float64, unit string, atLeast bool) {
+		ok := got >= target
+		if !atLeast {
+			ok = got <= target
+		}
+		mark := "ok"
+		if !ok {
+			mark = "MISSED"
+		}
+		cmp := ">="
+		if !atLeast {
+			cmp = "<="
+		}
+		fmt.Printf("  %-44s %8.2f%s (target %s %.2f%s)  %s\n", what, got, unit, cmp, target, unit, mark)
+	}
+	if want("one") {
+		check("one goroutine vs bsm/redislock", lockR.one/redislockR.one, 1.0, "x", true)
+		check("one goroutine vs floor", lockR.one/floorR.one, 0.9, "x", true)
+	}
+	if want("own") {
+		check("32 goroutines vs bsm/redislock", lockR.own/redislockR.own, 1.0, "x", true)
+		check("32 goroutines vs floor", lockR.own/floorR.own, 0.9, "x", true)
+	}
+	if want("hot") {
+		check("hot key utilisation", lockR.utilisation, 90, "%", true)
+		check("hot key requests per section", lockR.requests, 3, "", false)
+	}
+}
+
+func runtimeProcs() int { return runtimeGOMAXPROCS() }
+
+// harness lets redistest start a server outside a test.
+type harness struct{ cleanups []func() }
+
+func (h *harness) Helper()                           {}
+func (h *harness) Fatalf(format string, args ...any) { h.cleanup(); fmt.Fprintf(os.Stderr, format+"\n", args...); os.Exit(1) }
+func (h *harness) Skip(args ...any)                  { h.Fatalf("%s", fmt.Sprint(args...)) }
+func (h *harness) TempDir() string {
+	d, err := os.MkdirTemp("", "lockbench")
+	if err != nil {
+		h.Fatalf("bench: %v", err)
+	}
+	h.cleanups = append(h.cleanups, func() { os.RemoveAll(d) })
+	return d
+}
+func (h *harness) Cleanup(f func()) { h.cleanups = append(h.cleanups, f) }
+func (h *harness) cleanup() {
+	for i := len(h.cleanups) - 1; i >= 0; i-- {
+		h.cleanups[i]()
+	}
+	h.cleanups = nil
+}
