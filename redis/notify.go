@@ -30,8 +30,7 @@ const confirmTimeout = 2 * time.Second
 var errNoConfirmation = errors.New("redis: no node confirmed the subscription to release notifications")
 
 // notifier turns release messages on one or more Redis nodes into wake-ups.
-// The release script publishes the releasing owner's token on the key's
-// channel. Each release wakes the longest-waiting local watcher of the key,
+// The release script publishes a random id per release on the key's channel. Each release wakes the longest-waiting local watcher of the key,
 // once, even when several nodes (Redlock) publish it; a woken watcher that
 // leaves without the key passes the wake-up on.
 type notifier struct {
@@ -50,9 +49,10 @@ type pubsubNode struct {
 
 type channelState struct {
 	watchers  *list.List    // of *watch, in arrival order
-	ready     chan struct{} // closed when a node confirmed the subscription
-	confirmed bool
-	recent    [8]string // tokens of the last releases, to wake once per release
+	ready     chan struct{} // closed when every node confirmed or failed
+	pending   int           // nodes that have neither confirmed nor failed
+	confirmed int           // nodes that confirmed
+	recent    [8]string // ids of the last releases, to wake once per release
 	next      int
 	idle      *time.Timer // pending unsubscribe
 }
@@ -76,7 +76,7 @@ func (n *notifier) watch(ctx context.Context, channel string) (backend.Watch, er
 	}
 	st := n.channels[channel]
 	if st == nil {
-		st = &channelState{watchers: list.New(), ready: make(chan struct{})}
+		st = &channelState{watchers: list.New(), ready: make(chan struct{}), pending: len(n.nodes)}
 		n.channels[channel] = st
 		for _, node := range n.nodes {
 			if node.ps == nil {
@@ -84,9 +84,9 @@ func (n *notifier) watch(ctx context.Context, channel string) (backend.Watch, er
 				n.wg.Add(1)
 				go n.dispatch(node.ps)
 			}
-			// Errors surface as a missing confirmation; the waiter
-			// then relies on its timer.
-			_ = node.ps.Subscribe(ctx, channel)
+			if err := node.ps.Subscribe(ctx, channel); err != nil {
+				st.settle(false) // a node down: its releases cannot be heard
+			}
 		}
 	}
 	if st.idle != nil {
@@ -98,17 +98,38 @@ func (n *notifier) watch(ctx context.Context, channel string) (backend.Watch, er
 	ready := st.ready
 	n.mu.Unlock()
 
+	// Wait for every node: a release is published on the nodes whose lock
+	// a waiter marked, which may be any of them. A node that hangs delays
+	// this up to confirmTimeout; then any confirmed node will do.
 	t := time.NewTimer(confirmTimeout)
 	defer t.Stop()
 	select {
 	case <-ready:
-		return w, nil
 	case <-ctx.Done():
 		w.Close(false)
 		return nil, ctx.Err()
 	case <-t.C:
+	}
+	n.mu.Lock()
+	ok := st.confirmed > 0
+	n.mu.Unlock()
+	if !ok {
 		w.Close(false)
 		return nil, errNoConfirmation
+	}
+	return w, nil
+}
+
+// settle records one node's answer to a subscription; called with n.mu held.
+func (st *channelState) settle(confirmed bool) {
+	if confirmed {
+		st.confirmed++
+	}
+	if st.pending > 0 {
+		st.pending--
+		if st.pending == 0 {
+			close(st.ready)
+		}
 	}
 }
 
@@ -133,29 +154,29 @@ func (n *notifier) confirmed(channel string) {
 	if st == nil {
 		return
 	}
-	if !st.confirmed {
-		st.confirmed = true
-		close(st.ready)
+	if st.pending > 0 {
+		st.settle(true)
 		return
 	}
-	// A node subscribed again (a reconnect, or a slower node): a release
-	// may have gone unheard meanwhile. Let the first waiter check.
+	// A node subscribed again (a reconnect, or a node that answered after
+	// the wait gave up): a release may have gone unheard meanwhile. Let the
+	// first waiter check.
 	st.wakeFirst()
 }
 
-func (n *notifier) released(channel, token string) {
+func (n *notifier) released(channel, id string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	st := n.channels[channel]
 	if st == nil {
 		return
 	}
-	for _, t := range st.recent {
-		if t == token {
+	for _, r := range st.recent {
+		if r == id {
 			return // another node reported the same release
 		}
 	}
-	st.recent[st.next] = token
+	st.recent[st.next] = id
 	st.next = (st.next + 1) % len(st.recent)
 	st.wakeFirst()
 }

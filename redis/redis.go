@@ -53,6 +53,8 @@ import (
 	"crypto/sha1"
 	"encoding/hex"
 	"fmt"
+	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -159,36 +161,51 @@ func ms(ttl time.Duration) int64 {
 	return int64((ttl + time.Millisecond - 1) / time.Millisecond)
 }
 
+// A waiter marks the lock it found held by appending "+" to the holder's
+// token; the release script publishes a wake-up only for a marked lock, so
+// uncontended locks pay nothing for wake-ups. Scripts compare tokens with
+// and without the mark.
 var (
-	// acquireScript: KEYS = lock, fence; ARGV = token, ttl ms.
-	// Returns {1, fence} or {0, holder's PTTL}.
+	// acquireScript: KEYS = lock, fence; ARGV = token, ttl ms. Returns the
+	// fence (> 0) when it took the lock, or minus the holder's PTTL (<= 0)
+	// after marking the lock as waited for.
 	acquireScript = goredis.NewScript(`
-local pttl = redis.call('PTTL', KEYS[1])
-if pttl ~= -2 then
-  return {0, pttl}
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return redis.call('INCR', KEYS[2])
 end
-local fence = redis.call('INCR', KEYS[2])
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return {1, fence}`)
+if string.byte(redis.call('GET', KEYS[1]), -1) ~= 43 then
+  redis.call('APPEND', KEYS[1], '+')
+end
+local p = redis.call('PTTL', KEYS[1])
+if p < 0 then p = 0 end
+return -p`)
 
-	// renewScript: KEYS = lock, fence; ARGV = token, ttl ms.
-	// Returns the fence, or 0 when token does not hold the lock.
+	// renewScript: KEYS = lock; ARGV = token, ttl ms. Returns 1, or 0 when
+	// token does not hold the lock.
 	renewScript = goredis.NewScript(`
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+local v = redis.call('GET', KEYS[1])
+if v ~= ARGV[1] and v ~= ARGV[1] .. '+' then
   return 0
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return tonumber(redis.call('GET', KEYS[2]) or '0')`)
+return redis.call('PEXPIRE', KEYS[1], ARGV[2])`)
 
-	// releaseScript: KEYS = lock; ARGV = token, channel.
+	// releaseScript: KEYS = lock; ARGV = token, channel, release id.
 	// Returns 1 when it deleted the lock, 0 when token did not hold it.
+	// Publishes the release id on the channel when a waiter marked the
+	// lock; Redlock sends one id to all nodes, so that waiters wake once
+	// per release.
 	releaseScript = goredis.NewScript(`
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return 0
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
 end
-redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[2], ARGV[1])
-return 1`)
+if v == ARGV[1] .. '+' then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], ARGV[3])
+  return 1
+end
+return 0`)
 
 	// inspectScript: KEYS = lock, fence. Returns {} or {token, pttl, fence}.
 	inspectScript = goredis.NewScript(`
@@ -216,21 +233,24 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Durat
 		return backend.Grant{}, err
 	}
 	lk, fk, _ := keys(b.opts.prefix, key)
-	res, err := acquireScript.Run(ctx, b.rdb, []string{lk, fk}, token, ms(ttl)).Int64Slice()
+	res, err := acquireScript.Run(ctx, b.rdb, []string{lk, fk}, token, ms(ttl)).Int64()
 	if err != nil {
 		return backend.Grant{}, storeErr("acquire", err)
 	}
-	return grantOf(res, ttl)
+	if res <= 0 {
+		return backend.Grant{}, backend.Locked(time.Duration(-res) * time.Millisecond)
+	}
+	return backend.Grant{Fence: uint64(res), TTL: granted(ttl)}, nil
 }
 
-func grantOf(res []int64, ttl time.Duration) (backend.Grant, error) {
-	if len(res) != 2 {
-		return backend.Grant{}, fmt.Errorf("redis: acquire: unexpected script reply %v", res)
-	}
-	if res[0] == 0 {
-		return backend.Grant{}, backend.Locked(max(0, time.Duration(res[1])*time.Millisecond))
-	}
-	return backend.Grant{Fence: uint64(res[1]), TTL: time.Duration(ms(ttl)) * time.Millisecond}, nil
+// releaseID returns a random id for one release, published to waiters.
+func releaseID() string {
+	return strconv.FormatUint(rand.Uint64(), 36)
+}
+
+// granted is the TTL the store enforces: ttl rounded up to milliseconds.
+func granted(ttl time.Duration) time.Duration {
+	return time.Duration(ms(ttl)) * time.Millisecond
 }
 
 // Renew implements backend.Backend.
@@ -238,15 +258,15 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 	if err := b.check(); err != nil {
 		return backend.Grant{}, err
 	}
-	lk, fk, _ := keys(b.opts.prefix, key)
-	fence, err := renewScript.Run(ctx, b.rdb, []string{lk, fk}, token, ms(ttl)).Int64()
+	lk, _, _ := keys(b.opts.prefix, key)
+	ok, err := renewScript.Run(ctx, b.rdb, []string{lk}, token, ms(ttl)).Int64()
 	if err != nil {
 		return backend.Grant{}, storeErr("renew", err)
 	}
-	if fence == 0 {
+	if ok == 0 {
 		return backend.Grant{}, backend.ErrNotHeld
 	}
-	return backend.Grant{Fence: uint64(fence), TTL: time.Duration(ms(ttl)) * time.Millisecond}, nil
+	return backend.Grant{TTL: granted(ttl)}, nil
 }
 
 // Release implements backend.Backend.
@@ -255,7 +275,7 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 		return err
 	}
 	lk, _, ch := keys(b.opts.prefix, key)
-	n, err := releaseScript.Run(ctx, b.rdb, []string{lk}, token, ch).Int64()
+	n, err := releaseScript.Run(ctx, b.rdb, []string{lk}, token, ch, releaseID()).Int64()
 	if err != nil {
 		return storeErr("release", err)
 	}
@@ -283,6 +303,7 @@ func inspect(ctx context.Context, rdb goredis.Scripter, lk, fk string) (backend.
 		return backend.Holder{}, nil
 	}
 	token, _ := res[0].(string)
+	token = strings.TrimSuffix(token, "+") // a waiter's mark
 	pttl, _ := res[1].(int64)
 	fence, _ := res[2].(int64)
 	return backend.Holder{Held: true, Token: token, Fence: uint64(fence), Remaining: max(0, time.Duration(pttl)*time.Millisecond)}, nil

@@ -272,7 +272,7 @@ func TestRedlockEverySubsetPreoccupied(t *testing.T) {
 				}
 				for i, c := range rdbs {
 					v := c.Get(ctx, "lock:{"+key+"}").Val()
-					if mask&(1<<i) != 0 && v != "foreign" {
+					if mask&(1<<i) != 0 && strings.TrimSuffix(v, "+") != "foreign" { // "+": a waiter's mark
 						t.Errorf("mask %0*b: node %d's foreign lock was touched: %q", n, mask, i, v)
 					}
 					if mask&(1<<i) == 0 && v != "" {

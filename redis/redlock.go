@@ -86,21 +86,27 @@ func NewRedlock(nodes []Client, opts ...Option) (*Redlock, error) {
 var (
 	// redlockAcquireScript: KEYS = lock, fence; ARGV = token, ttl ms.
 	// Returns {1, counter} when it took the lock, {0, pttl, counter,
-	// holder's token} when another owner holds it.
+	// holder's token} when another owner holds it (and marks the lock as
+	// waited for, as the single-node script does).
 	redlockAcquireScript = goredis.NewScript(`
-local pttl = redis.call('PTTL', KEYS[1])
 local c = tonumber(redis.call('GET', KEYS[2]) or '0')
-if pttl ~= -2 then
-  return {0, pttl, c, redis.call('GET', KEYS[1])}
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {1, c}
 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return {1, c}`)
+local v = redis.call('GET', KEYS[1])
+if string.byte(v, -1) ~= 43 then
+  redis.call('APPEND', KEYS[1], '+')
+else
+  v = string.sub(v, 1, -2)
+end
+return {0, redis.call('PTTL', KEYS[1]), c, v}`)
 
 	// raiseScript: KEYS = lock, fence; ARGV = token, fence.
 	// Raises the counter to the fence if token holds the lock. Returns 1,
 	// or 0 when token does not hold the lock.
 	raiseScript = goredis.NewScript(`
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+local v = redis.call('GET', KEYS[1])
+if v ~= ARGV[1] and v ~= ARGV[1] .. '+' then
   return 0
 end
 if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(ARGV[2]) then
@@ -178,14 +184,14 @@ func (r *Redlock) Acquire(ctx context.Context, key, token string, ttl time.Durat
 		}
 		return fmt.Errorf("unexpected script reply %v", res)
 	})
-	granted, unknown := 0, 0
+	nGranted, unknown := 0, 0
 	votes := map[string]int{}
 	var fence int64
 	var remaining time.Duration
 	for i, err := range errs {
 		switch {
 		case err == nil:
-			granted++
+			nGranted++
 		case errors.Is(err, errLockedHere):
 			votes[holders[i]]++
 			remaining = max(remaining, time.Duration(pttls[i])*time.Millisecond)
@@ -204,7 +210,7 @@ func (r *Redlock) Acquire(ctx context.Context, key, token string, ttl time.Durat
 		}
 	}
 
-	if granted >= r.quorum {
+	if nGranted >= r.quorum {
 		raised := 0
 		rerrs := r.each(ctx, ttl, func(ctx context.Context, i int, n Client) error {
 			if errs[i] != nil {
@@ -221,10 +227,10 @@ func (r *Redlock) Acquire(ctx context.Context, key, token string, ttl time.Durat
 				raised++
 			}
 		}
-		granted = raised
+		nGranted = raised
 		validity := ttl - time.Since(start) - ttl/100 - 2*time.Millisecond
 		if raised >= r.quorum && validity > 0 {
-			return backend.Grant{Fence: uint64(fence), TTL: time.Duration(ms(ttl)) * time.Millisecond}, nil
+			return backend.Grant{Fence: uint64(fence), TTL: granted(ttl)}, nil
 		}
 		errs = rerrs
 		if validity <= 0 {
@@ -234,8 +240,9 @@ func (r *Redlock) Acquire(ctx context.Context, key, token string, ttl time.Durat
 
 	// No quorum: undo what was taken, on every node (token-checked), on a
 	// context that outlives ctx's end: nothing may be left behind.
+	id := releaseID()
 	r.each(context.WithoutCancel(ctx), ttl, func(ctx context.Context, i int, n Client) error {
-		return releaseScript.Run(ctx, n, []string{lk}, token, ch).Err()
+		return releaseScript.Run(ctx, n, []string{lk}, token, ch, id).Err()
 	})
 	switch {
 	case heldElsewhere:
@@ -243,9 +250,9 @@ func (r *Redlock) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	case len(votes) > 0 && ctx.Err() == nil:
 		// Nobody has a majority, and concurrent attempts took the
 		// nodes we lack: a split vote.
-		return backend.Grant{}, fmt.Errorf("redis: redlock: %d of %d nodes granted, %d held by %d other contenders: %w", granted, len(r.nodes), len(r.nodes)-granted-unknown, len(votes), backend.ErrContended)
+		return backend.Grant{}, fmt.Errorf("redis: redlock: %d of %d nodes granted, %d held by %d other contenders: %w", nGranted, len(r.nodes), len(r.nodes)-nGranted-unknown, len(votes), backend.ErrContended)
 	}
-	return backend.Grant{}, r.quorumErr("acquire", granted, errs, ctx)
+	return backend.Grant{}, r.quorumErr("acquire", nGranted, errs, ctx)
 }
 
 func failures(errs []error) int {
@@ -282,12 +289,12 @@ func (r *Redlock) Renew(ctx context.Context, key, token string, ttl time.Duratio
 	if err := r.check(); err != nil {
 		return backend.Grant{}, err
 	}
-	lk, fk, _ := keys(r.opts.prefix, key)
+	lk, _, _ := keys(r.opts.prefix, key)
 	notHeld := 0
 	var mu sync.Mutex
 	errs := r.each(ctx, ttl, func(ctx context.Context, i int, n Client) error {
-		fence, err := renewScript.Run(ctx, n, []string{lk, fk}, token, ms(ttl)).Int64()
-		if err == nil && fence == 0 {
+		ok, err := renewScript.Run(ctx, n, []string{lk}, token, ms(ttl)).Int64()
+		if err == nil && ok == 0 {
 			mu.Lock()
 			notHeld++
 			mu.Unlock()
@@ -298,7 +305,7 @@ func (r *Redlock) Renew(ctx context.Context, key, token string, ttl time.Duratio
 	ok := len(r.nodes) - failures(errs) - notHeld
 	switch {
 	case ok >= r.quorum:
-		return backend.Grant{TTL: time.Duration(ms(ttl)) * time.Millisecond}, nil
+		return backend.Grant{TTL: granted(ttl)}, nil
 	case notHeld > len(r.nodes)-r.quorum:
 		return backend.Grant{}, backend.ErrNotHeld // a majority is gone for good
 	}
@@ -312,8 +319,9 @@ func (r *Redlock) Release(ctx context.Context, key, token string) error {
 	}
 	lk, _, ch := keys(r.opts.prefix, key)
 	var released, notHeld atomic.Int64
+	id := releaseID()
 	errs := r.each(ctx, 0, func(ctx context.Context, i int, n Client) error {
-		k, err := releaseScript.Run(ctx, n, []string{lk}, token, ch).Int64()
+		k, err := releaseScript.Run(ctx, n, []string{lk}, token, ch, id).Int64()
 		switch {
 		case err != nil:
 			return err
