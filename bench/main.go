@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"runtime/pprof"
 	"sort"
 	"strings"
 	"sync"
@@ -293,11 +294,21 @@ func median(xs []float64) float64 {
 }
 
 func main() {
-	rounds := flag.Int("rounds", 3, "interleaved rounds per scenario; the table shows medians")
+	rounds := flag.Int("rounds", 5, "interleaved rounds per scenario; the table shows medians")
 	dur := flag.Duration("duration", time.Second, "length of one cycles measurement")
 	hotDur := flag.Duration("hot", 3*time.Second, "length of one hot-key measurement")
 	only := flag.String("only", "", "comma-separated scenarios to run: one,own,hot (default all)")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
 
 	h := &harness{}
 	defer h.cleanup()
@@ -321,9 +332,16 @@ func main() {
 		states[i] = &state{l: p.new(rdb), c: c}
 	}
 	want := func(s string) bool { return *only == "" || strings.Contains(*only, s) }
+	// Warm up every peer (connections, script caches), then run the rounds,
+	// rotating which peer goes first.
+	for _, st := range states {
+		cycles(st.l, 1, 200*time.Millisecond)
+		cycles(st.l, 32, 200*time.Millisecond)
+	}
 	for r := 0; r < *rounds; r++ {
-		for i, p := range peers {
-			st := states[i]
+		for k := range peers {
+			i := (k + r) % len(peers)
+			p, st := peers[i], states[i]
 			if want("one") {
 				st.one = append(st.one, cycles(st.l, 1, *dur))
 			}
