@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/distlock/lock/backend"
@@ -40,6 +41,7 @@ type Lease struct {
 	maxHold   time.Duration
 	acquired  time.Time // when the acquire request was sent
 	autoRenew bool
+	leftTurn  atomic.Bool // the client's turn for the key was passed on
 
 	mu       sync.Mutex
 	state    leaseState
@@ -175,6 +177,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Unlock()
 
 	err := l.c.b.Release(ctx, l.key, l.token)
+	l.passTurn()
 	switch {
 	case lostErr != nil:
 		return wrap("release", l.key, lostErr)
@@ -338,9 +341,20 @@ func (l *Lease) checkDeadlineLocked() bool {
 	return true
 }
 
+// passTurn hands the client's turn for the key to its next waiting
+// goroutine, once: after the release reached the store, or on loss.
+func (l *Lease) passTurn() {
+	if !l.c.caps.InProcess && l.leftTurn.CompareAndSwap(false, true) {
+		l.c.local.pass(l.key)
+	}
+}
+
 func (l *Lease) endLocked(st leaseState, err error) {
 	l.state = st
 	l.err = err
+	if st == stateLost {
+		l.passTurn()
+	}
 	l.sched.cancel(l)
 	if l.cancel != nil {
 		l.cancel()

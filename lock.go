@@ -65,6 +65,7 @@ import (
 	crand "crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -81,6 +82,7 @@ type Client struct {
 	caps     backend.Capabilities
 	cfg      config
 	sched    *scheduler // runs the timers of leases on cfg.clock
+	local    localQueue // this client's goroutines waiting for the same key
 	closed   atomic.Bool
 
 	bgMu     sync.Mutex
@@ -229,6 +231,9 @@ type entropy struct {
 
 var entropyPool = sync.Pool{New: func() any { return &entropy{off: len(entropy{}.buf)} }}
 
+// errLocalHolder: another goroutine of this client holds or is taking the key.
+var errLocalHolder = fmt.Errorf("%w (by this client)", ErrLocked)
+
 // Split votes (backend.ErrContended) are retried after a random delay of up
 // to splitDelay times the number of splits so far (at most 8); TryAcquire
 // gives up after maxSplitRetries.
@@ -282,12 +287,25 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 		return nil, wrap(op, key, err)
 	}
 
+	// Take this client's turn for the key first: goroutines of one client
+	// queue here instead of all asking the store.
+	queued := !c.caps.InProcess
+	if queued && wait {
+		if err := c.local.turn(ctx, key); err != nil {
+			return nil, wrap(op, key, err)
+		}
+	} else if queued && !c.local.tryTurn(key) {
+		return nil, wrap(op, key, errLocalHolder)
+	}
 	token := newToken()
 	var watch backend.Watch
 	took := false
 	defer func() {
 		if watch != nil {
 			watch.Close(took)
+		}
+		if queued && !took {
+			c.local.pass(key) // the lease did not come: next in line
 		}
 	}()
 	backoff := cfg.minBackoff

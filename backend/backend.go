@@ -184,6 +184,10 @@ type Capabilities struct {
 	DurableFence bool
 	// FIFO is true when waiters are served in arrival order.
 	FIFO bool
+	// InProcess is true when the store lives in this process, so a request
+	// costs no round trip. Package lock then skips its per-client queue of
+	// goroutines waiting for the same key, which exists to save requests.
+	InProcess bool
 }
 
 // LatestExpiry returns how long after a grant of ttl the store may still hold

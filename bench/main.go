@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"sort"
 	"strings"
@@ -249,12 +250,14 @@ func cycles(l locker, workers int, d time.Duration) float64 {
 	return float64(total.Load()) / time.Since(start).Seconds()
 }
 
-// hold keeps the section for exactly 1ms: a sleep for most of it, then a
-// spin, so that timer slack does not count as idle lock time.
+// hold keeps the section for exactly 1ms. It spins (yielding to other
+// goroutines) rather than sleeping: on these machines time.Sleep of anything
+// under a millisecond takes about 1.08ms, and that slack would count as idle
+// lock time for every peer.
 func hold() {
 	start := time.Now()
-	time.Sleep(800 * time.Microsecond)
 	for time.Since(start) < time.Millisecond {
+		runtime.Gosched()
 	}
 }
 
@@ -406,7 +409,7 @@ func main() {
 	}
 }
 
-func runtimeProcs() int { return runtimeGOMAXPROCS() }
+func runtimeProcs() int { return runtime.GOMAXPROCS(0) }
 
 // harness lets redistest start a server outside a test.
 type harness struct{ cleanups []func() }

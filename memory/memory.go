@@ -248,6 +248,7 @@ func (c *Client) Capabilities() backend.Capabilities {
 		MinTTL:       MinTTL,
 		ExpiryFactor: 1,
 		DurableFence: true, // with Restart(KeepData); see the package doc
+		InProcess:    true,
 	}
 }
 
