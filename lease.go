@@ -176,6 +176,11 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	l.mu.Unlock()
 
+	if lostErr == nil {
+		if done, err := l.transferToNext(ctx); done {
+			return err
+		}
+	}
 	err := l.c.b.Release(ctx, l.key, l.token)
 	l.passTurn()
 	switch {
@@ -192,6 +197,39 @@ func (l *Lease) Release(ctx context.Context) error {
 	default:
 		return wrap("release", l.key, err)
 	}
+}
+
+// transferToNext hands the lock to the next goroutine of this client waiting
+// for the key, in one request, when the backend can and no other process
+// waits. It reports whether the release is done, and its error.
+func (l *Lease) transferToNext(ctx context.Context) (bool, error) {
+	c := l.c
+	if c.transfer == nil || c.caps.InProcess {
+		return false, nil
+	}
+	w := c.local.next(l.key)
+	if w == nil {
+		return false, nil
+	}
+	sent := w.cfg.clock.Now()
+	g, err := c.transfer.Transfer(ctx, l.key, l.token, w.token, w.cfg.ttl)
+	switch {
+	case err == nil:
+		next := c.newLease(l.key, w.token, w.cfg, sent, g)
+		l.leftTurn.Store(true) // the turn goes with the lock
+		if !c.local.deliver(l.key, w, next) {
+			next.releaseInBackground() // the waiter gave up meanwhile
+		}
+		return true, nil
+	case errors.Is(err, ErrNotHeld):
+		lost := fmt.Errorf("%w: the store no longer held it at release: %w", ErrLost, err)
+		l.mu.Lock()
+		l.err = lost
+		l.mu.Unlock()
+		l.passTurn()
+		return true, wrap("release", l.key, lost)
+	}
+	return false, nil // refused, or failed: release plainly
 }
 
 // onEnd registers f to be called once, with the lease's error, when it ends.

@@ -79,6 +79,7 @@ import (
 type Client struct {
 	b        backend.Backend
 	notifier backend.Notifier
+	transfer backend.Transferer
 	caps     backend.Capabilities
 	cfg      config
 	sched    *scheduler // runs the timers of leases on cfg.clock
@@ -103,6 +104,9 @@ func New(b backend.Backend, opts ...Option) (*Client, error) {
 	}
 	if d, ok := b.(backend.Describer); ok {
 		c.caps = d.Capabilities()
+	}
+	if t, ok := b.(backend.Transferer); ok {
+		c.transfer = t
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -289,15 +293,19 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 
 	// Take this client's turn for the key first: goroutines of one client
 	// queue here instead of all asking the store.
+	token := newToken()
 	queued := !c.caps.InProcess
 	if queued && wait {
-		if err := c.local.turn(ctx, key); err != nil {
+		l, err := c.local.turn(ctx, key, token, cfg)
+		if err != nil {
 			return nil, wrap(op, key, err)
+		}
+		if l != nil {
+			return l, nil // the previous holder transferred the lock to us
 		}
 	} else if queued && !c.local.tryTurn(key) {
 		return nil, wrap(op, key, errLocalHolder)
 	}
-	token := newToken()
 	var watch backend.Watch
 	took := false
 	defer func() {

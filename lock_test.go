@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -644,4 +645,84 @@ func TestDoReleasesWhenFnPanics(t *testing.T) {
 	if n := store.Len(); n != 0 {
 		t.Fatalf("%d locks held after fn panicked", n)
 	}
+}
+
+// remoteLike presents the memory backend as a remote store (InProcess false),
+// so that package lock queues a client's goroutines for a key.
+type remoteLike struct{ *probe }
+
+func (r remoteLike) Capabilities() backend.Capabilities {
+	caps := r.probe.Capabilities()
+	caps.InProcess = false
+	return caps
+}
+
+func (r remoteLike) Watch(ctx context.Context, key string) (backend.Watch, error) {
+	return r.Backend.(backend.Notifier).Watch(ctx, key)
+}
+
+func TestGoroutinesOfOneClientQueueLocally(t *testing.T) {
+	const goroutines, rounds = 8, 25
+	p := remoteLike{&probe{Backend: memory.New()}}
+	c, err := lock.New(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	var active, overlaps atomic.Int32
+	var wg sync.WaitGroup
+	for i := 0; i < goroutines; i++ {
+		wg.Go(func() {
+			for r := 0; r < rounds; r++ {
+				l, err := c.Acquire(ctx, "k")
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if active.Add(1) > 1 {
+					overlaps.Add(1)
+				}
+				runtime.Gosched()
+				active.Add(-1)
+				if err := l.Release(ctx); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := overlaps.Load(); n != 0 {
+		t.Errorf("%d overlapping sections", n)
+	}
+	// One request per acquisition: queued goroutines never ask the store
+	// while another of the same client holds the key.
+	if n := p.acquires.Load(); n != goroutines*rounds {
+		t.Errorf("%d acquire requests for %d acquisitions; want one each", n, goroutines*rounds)
+	}
+
+	l, err := c.TryAcquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := p.acquires.Load()
+	if _, err := c.TryAcquire(ctx, "k"); !errors.Is(err, lock.ErrLocked) {
+		t.Errorf("TryAcquire while another goroutine holds the key: %v; want ErrLocked", err)
+	}
+	if p.acquires.Load() != before {
+		t.Error("TryAcquire asked the store although this client holds the key")
+	}
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	if _, err := c.Acquire(wctx, "k"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Acquire behind a local holder: %v; want the context's error", err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l2, err := c.TryAcquire(ctx, "k")
+	if err != nil {
+		t.Fatalf("TryAcquire after the release: %v (a waiter that gave up left the key's turn taken?)", err)
+	}
+	l2.Release(ctx)
 }

@@ -159,6 +159,23 @@ type Watch interface {
 	Close(took bool) error
 }
 
+// Transferer is an optional interface: a backend that can pass a held lock
+// from one owner token to another in one atomic step. Package lock uses it
+// to hand a released lock straight to the next goroutine of the same client
+// waiting for the key.
+type Transferer interface {
+	// Transfer gives key, held by token from, to token to, with a new
+	// fence (greater than every fence granted before) and ttl from now.
+	// It returns ErrNotHeld, changing nothing, when from does not hold the
+	// key, and ErrTransferRefused, changing nothing, when an owner outside
+	// this client waits for the key: it must then be released, so that
+	// waiters elsewhere get their chance.
+	Transfer(ctx context.Context, key, from, to string, ttl time.Duration) (Grant, error)
+}
+
+// ErrTransferRefused: Transfer found others waiting for the key.
+var ErrTransferRefused = errors.New("lock: transfer refused: others wait for the key")
+
 // Describer is an optional interface reporting what a backend guarantees.
 // Package lock uses MinTTL to validate input; the conformance suite uses the
 // rest to derive its waits and its checks.

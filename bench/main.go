@@ -414,9 +414,13 @@ func runtimeProcs() int { return runtime.GOMAXPROCS(0) }
 // harness lets redistest start a server outside a test.
 type harness struct{ cleanups []func() }
 
-func (h *harness) Helper()                           {}
-func (h *harness) Fatalf(format string, args ...any) { h.cleanup(); fmt.Fprintf(os.Stderr, format+"\n", args...); os.Exit(1) }
-func (h *harness) Skip(args ...any)                  { h.Fatalf("%s", fmt.Sprint(args...)) }
+func (h *harness) Helper() {}
+func (h *harness) Fatalf(format string, args ...any) {
+	h.cleanup()
+	fmt.Fprintf(os.Stderr, format+"\n", args...)
+	os.Exit(1)
+}
+func (h *harness) Skip(args ...any) { h.Fatalf("%s", fmt.Sprint(args...)) }
 func (h *harness) TempDir() string {
 	d, err := os.MkdirTemp("", "lockbench")
 	if err != nil {

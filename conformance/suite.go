@@ -324,6 +324,63 @@ func (s *suite) mutualExclusion(t *testing.T) {
 	s.checkHistory(t, rec)
 }
 
+// sharedClient: goroutines of one client contend for one key, as the
+// handlers of one service do; package lock may queue them in the process and
+// hand the lock from one to the next.
+func (s *suite) sharedClient(t *testing.T) {
+	const goroutines, rounds = 8, 25
+	ctx := s.ctx(t)
+	key := s.key(t)
+	c := s.client(t)
+	rec := newRecorder()
+	var (
+		active, maxActive atomic.Int32
+		mu                sync.Mutex
+		fences            []uint64
+		wg                sync.WaitGroup
+	)
+	for i := 0; i < goroutines; i++ {
+		wg.Go(func() {
+			for r := 0; r < rounds; r++ {
+				l, err := rec.acquire(ctx, i, c, key, true, s.long)
+				if err != nil {
+					t.Errorf("goroutine %d, round %d: Acquire: %v", i, r, err)
+					return
+				}
+				n := active.Add(1)
+				for {
+					m := maxActive.Load()
+					if n <= m || maxActive.CompareAndSwap(m, n) {
+						break
+					}
+				}
+				mu.Lock()
+				fences = append(fences, l.Fence())
+				mu.Unlock()
+				runtime.Gosched()
+				active.Add(-1)
+				if err := rec.release(ctx, i, l); err != nil {
+					t.Errorf("goroutine %d: Release: %v", i, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if m := maxActive.Load(); m != 1 {
+		t.Errorf("up to %d holders at once among goroutines of one client; want at most 1", m)
+	}
+	if len(fences) != goroutines*rounds {
+		t.Errorf("%d acquisitions; want %d", len(fences), goroutines*rounds)
+	}
+	for i := 1; i < len(fences); i++ {
+		if fences[i] <= fences[i-1] {
+			t.Errorf("fence %d after %d in holding order; want strictly increasing", fences[i], fences[i-1])
+			break
+		}
+	}
+	s.checkHistory(t, rec)
+}
+
 func (s *suite) fencesSequential(t *testing.T) {
 	const n = 1000
 	ctx := s.ctx(t)

@@ -52,7 +52,7 @@ type channelState struct {
 	ready     chan struct{} // closed when every node confirmed or failed
 	pending   int           // nodes that have neither confirmed nor failed
 	confirmed int           // nodes that confirmed
-	recent    [8]string // ids of the last releases, to wake once per release
+	recent    [8]string     // ids of the last releases, to wake once per release
 	next      int
 	idle      *time.Timer // pending unsubscribe
 }

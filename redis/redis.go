@@ -123,10 +123,11 @@ type Backend struct {
 }
 
 var (
-	_ backend.Backend   = (*Backend)(nil)
-	_ backend.Notifier  = (*Backend)(nil)
-	_ backend.Describer = (*Backend)(nil)
-	_ backend.Inspector = (*Backend)(nil)
+	_ backend.Backend    = (*Backend)(nil)
+	_ backend.Notifier   = (*Backend)(nil)
+	_ backend.Describer  = (*Backend)(nil)
+	_ backend.Inspector  = (*Backend)(nil)
+	_ backend.Transferer = (*Backend)(nil)
 )
 
 // New returns a backend over rdb. The backend does not close rdb unless it
@@ -207,6 +208,20 @@ if v == ARGV[1] .. '+' then
 end
 return 0`)
 
+	// transferScript: KEYS = lock, fence; ARGV = from token, to token, ttl
+	// ms. Returns the new fence, 0 when from does not hold the lock, or -1
+	// when a waiter marked it (the lock is then left alone).
+	transferScript = goredis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return redis.call('INCR', KEYS[2])
+end
+if v == ARGV[1] .. '+' then
+  return -1
+end
+return 0`)
+
 	// inspectScript: KEYS = lock, fence. Returns {} or {token, pttl, fence}.
 	inspectScript = goredis.NewScript(`
 local v = redis.call('GET', KEYS[1])
@@ -283,6 +298,25 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 		return backend.ErrNotHeld
 	}
 	return nil
+}
+
+// Transfer implements backend.Transferer: a waiter in another process marks
+// the lock, and a marked lock is not transferred.
+func (b *Backend) Transfer(ctx context.Context, key, from, to string, ttl time.Duration) (backend.Grant, error) {
+	if err := b.check(); err != nil {
+		return backend.Grant{}, err
+	}
+	lk, fk, _ := keys(b.opts.prefix, key)
+	res, err := transferScript.Run(ctx, b.rdb, []string{lk, fk}, from, to, ms(ttl)).Int64()
+	switch {
+	case err != nil:
+		return backend.Grant{}, storeErr("transfer", err)
+	case res == 0:
+		return backend.Grant{}, backend.ErrNotHeld
+	case res < 0:
+		return backend.Grant{}, backend.ErrTransferRefused
+	}
+	return backend.Grant{Fence: uint64(res), TTL: granted(ttl)}, nil
 }
 
 // Inspect implements backend.Inspector.
