@@ -147,7 +147,10 @@ func (c *Client) Close() error {
 }
 
 // TryAcquire makes one attempt to take key. It returns ErrLocked at once when
-// another owner holds it.
+// another owner holds it, including another goroutine of this Client (then
+// without asking the store). On a multi-node store (Redlock) a split vote,
+// where concurrent attempts left nobody a majority, is retried after a
+// random delay; after many splits it returns ErrContended.
 func (c *Client) TryAcquire(ctx context.Context, key string, opts ...Option) (*Lease, error) {
 	return c.acquire(ctx, "try-acquire", key, false, opts)
 }
@@ -155,6 +158,11 @@ func (c *Client) TryAcquire(ctx context.Context, key string, opts ...Option) (*L
 // Acquire takes key, waiting while another owner holds it, until it is held or
 // ctx ends. When ctx ends it returns an error wrapping ctx.Err() and leaves
 // nothing behind on the store.
+//
+// Goroutines of one Client waiting for the same key queue in the process, in
+// arrival order, and only the first asks the store; on a backend that can
+// transfer a lock (backend.Transferer) a release hands the lock straight to
+// the next of them. Waiters in other processes contend through the store.
 func (c *Client) Acquire(ctx context.Context, key string, opts ...Option) (*Lease, error) {
 	return c.acquire(ctx, "acquire", key, true, opts)
 }
