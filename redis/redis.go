@@ -353,13 +353,17 @@ func (b *Backend) Watch(ctx context.Context, key string) (backend.Watch, error) 
 }
 
 // Capabilities implements backend.Describer.
-func (b *Backend) Capabilities() backend.Capabilities {
+func (b *Backend) Capabilities() backend.Capabilities { return capabilities(b.opts) }
+
+// capabilities are the same for one deployment and for Redlock: every node
+// expires a lock by its own PX, in milliseconds.
+func capabilities(o options) backend.Capabilities {
 	return backend.Capabilities{
 		MinTTL:       MinTTL,
 		Granularity:  time.Millisecond,
 		ExpiryFactor: 1,
 		ExpirySlack:  2 * time.Millisecond, // millisecond expiry resolution
-		DurableFence: b.opts.durableFence,
+		DurableFence: o.durableFence,
 	}
 }
 

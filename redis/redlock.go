@@ -391,15 +391,7 @@ func (r *Redlock) Watch(ctx context.Context, key string) (backend.Watch, error) 
 }
 
 // Capabilities implements backend.Describer.
-func (r *Redlock) Capabilities() backend.Capabilities {
-	return backend.Capabilities{
-		MinTTL:       MinTTL,
-		Granularity:  time.Millisecond,
-		ExpiryFactor: 1,
-		ExpirySlack:  2 * time.Millisecond,
-		DurableFence: r.opts.durableFence,
-	}
-}
+func (r *Redlock) Capabilities() backend.Capabilities { return capabilities(r.opts) }
 
 // Close stops the subscriptions; it closes the node clients only when the
 // Redlock was opened from a URL.
