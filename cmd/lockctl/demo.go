@@ -1,0 +1,227 @@
+package main
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/distlock/lock"
+)
+
+// inventory is stock in a store reached by round trips: a read, then a write.
+type inventory struct {
+	mu    sync.Mutex
+	stock int
+}
+
+func (inv *inventory) get() int {
+	runtime.Gosched() // the round trip
+	inv.mu.Lock()
+	defer inv.mu.Unlock()
+	return inv.stock
+}
+
+func (inv *inventory) set(n int) {
+	runtime.Gosched()
+	inv.mu.Lock()
+	defer inv.mu.Unlock()
+	inv.stock = n
+}
+
+// buy is one buyer's read-check-write.
+func (inv *inventory) buy(sold *atomic.Int64) {
+	if n := inv.get(); n > 0 {
+		inv.set(n - 1)
+		sold.Add(1)
+	}
+}
+
+// fencedFile keeps the highest fence it accepted and rejects lower ones.
+type fencedFile struct {
+	mu      sync.Mutex
+	highest uint64
+	content string
+}
+
+func (f *fencedFile) write(fence uint64, content string, checkFence bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if checkFence && fence < f.highest {
+		return fmt.Errorf("stale fence %d (already saw %d)", fence, f.highest)
+	}
+	f.highest = max(f.highest, fence)
+	f.content = content
+	return nil
+}
+
+// demo: lockctl demo [--backend URL] [--buyers N] [--units N]
+func (e *environment) demo(ctx context.Context, args []string) int {
+	fs := newFlags("demo")
+	backendFlag := fs.String("backend", "", "backend URL (default mem://)")
+	buyers := fs.Int("buyers", 10000, "concurrent buyers")
+	units := fs.Int("units", 100, "units in stock")
+	if code, ok := e.parse("demo", fs, args); !ok {
+		return code
+	}
+	if *buyers < 1 || *units < 1 || *units > *buyers {
+		return e.usageError("demo", "need 1 <= --units <= --buyers")
+	}
+	url := e.backendURL(*backendFlag, "mem://lockctl-demo")
+	locks, code := e.open(ctx, "demo", url, lock.WithTTL(10*time.Second))
+	if locks == nil {
+		return code
+	}
+	defer locks.Close()
+	var run [4]byte
+	crand.Read(run[:])
+	prefix := "lockctl-demo/" + hex.EncodeToString(run[:]) + "/"
+	out := e.stdout
+
+	fmt.Fprintf(out, "Backend: %s\n\n", url)
+	fmt.Fprintf(out, "1. Flash sale: %d units, %d buyers at once. Each buyer reads the stock, and if\n   some is left, writes stock-1: two round trips to the store.\n", *units, *buyers)
+
+	free := e.sale(*buyers, *units, func(inv *inventory, sold *atomic.Int64) error {
+		inv.buy(sold)
+		return nil
+	}, nil)
+	fmt.Fprintf(out, "   Without a lock: %d sold, oversold by %d.\n", free.sold, free.sold-int64(*units))
+
+	start := time.Now()
+	var served atomic.Int64
+	progress := func() {
+		fmt.Fprintf(out, "   with the lock: %d of %d buyers served (%v)\n", served.Load(), *buyers, time.Since(start).Round(time.Millisecond))
+	}
+	locked := e.sale(*buyers, *units, func(inv *inventory, sold *atomic.Int64) error {
+		defer served.Add(1)
+		return locks.Do(ctx, prefix+"stock", func(context.Context, *lock.Lease) error {
+			inv.buy(sold)
+			return nil
+		})
+	}, progress)
+	if locked.err != nil {
+		fmt.Fprintf(e.stderr, "lockctl demo: %v\n", oneLine(locked.err))
+		return exitBackend
+	}
+	fmt.Fprintf(out, "   With the lock: %d sold, %d oversold, in %v.\n\n", locked.sold, locked.sold-int64(*units), locked.took.Round(time.Millisecond))
+
+	fmt.Fprintf(out, "2. GC pause: A holds the lock and stalls (a long GC) past its TTL; B takes\n   over and writes; A wakes up, unaware, and writes too.\n")
+	story, err := e.gcPause(ctx, locks, prefix+"file")
+	if err != nil {
+		fmt.Fprintf(e.stderr, "lockctl demo: %v\n", oneLine(err))
+		return exitBackend
+	}
+	fmt.Fprint(out, story.narrative)
+
+	fmt.Fprintf(out, "\nSummary\n")
+	fmt.Fprintf(out, "  %-34s %s\n", "flash sale, no lock", fmt.Sprintf("%d sold of %d, oversold by %d", free.sold, *units, free.sold-int64(*units)))
+	fmt.Fprintf(out, "  %-34s %s\n", "flash sale, with the lock", fmt.Sprintf("%d sold of %d, oversold by %d", locked.sold, *units, locked.sold-int64(*units)))
+	fmt.Fprintf(out, "  %-34s %s\n", "GC pause, lock without fencing", story.unfenced)
+	fmt.Fprintf(out, "  %-34s %s\n", "GC pause, lock with fencing", story.fenced)
+	if locked.sold != int64(*units) || !story.ok {
+		fmt.Fprintf(e.stderr, "lockctl demo: the lock did not protect the resource: this is a bug\n")
+		return exitBackend
+	}
+	return exitOK
+}
+
+type saleResult struct {
+	sold int64
+	took time.Duration
+	err  error
+}
+
+// sale runs every buyer at once; progress, if set, is called every second.
+func (e *environment) sale(buyers, units int, buy func(*inventory, *atomic.Int64) error, progress func()) saleResult {
+	inv := &inventory{stock: units}
+	var sold atomic.Int64
+	var firstErr error
+	var errOnce sync.Once
+	start := time.Now()
+	gate := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := 0; i < buyers; i++ {
+		wg.Go(func() {
+			<-gate
+			if err := buy(inv, &sold); err != nil {
+				errOnce.Do(func() { firstErr = err })
+			}
+		})
+	}
+	done := make(chan struct{})
+	if progress != nil {
+		go func() {
+			t := time.NewTicker(time.Second)
+			defer t.Stop()
+			for {
+				select {
+				case <-t.C:
+					progress()
+				case <-done:
+					return
+				}
+			}
+		}()
+	}
+	close(gate)
+	wg.Wait()
+	close(done)
+	return saleResult{sold: sold.Load(), took: time.Since(start), err: firstErr}
+}
+
+type gcStory struct {
+	narrative, unfenced, fenced string
+	ok                          bool
+}
+
+// gcPause plays the story twice on the same lock: once with a resource that
+// ignores fences, once with one that checks them.
+func (e *environment) gcPause(ctx context.Context, locks *lock.Client, key string) (gcStory, error) {
+	const ttl = 300 * time.Millisecond
+	var s gcStory
+	play := func(checkFence bool) (*fencedFile, uint64, uint64, error, error) {
+		f := &fencedFile{}
+		a, err := locks.TryAcquire(ctx, key, lock.WithTTL(ttl), lock.WithAutoRenew(false))
+		if err != nil {
+			return nil, 0, 0, nil, err
+		}
+		<-a.Done() // A stalls past its lease (no renewal while paused)
+		bctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		b, err := locks.Acquire(bctx, key)
+		if err != nil {
+			return nil, 0, 0, nil, err
+		}
+		defer b.Release(ctx)
+		bErr := f.write(b.Fence(), "written by B", checkFence)
+		if bErr != nil {
+			return nil, 0, 0, nil, bErr
+		}
+		aErr := f.write(a.Fence(), "written by A after its pause", checkFence)
+		return f, a.Fence(), b.Fence(), aErr, nil
+	}
+	f1, fa, fb, aErr, err := play(false)
+	if err != nil {
+		return s, err
+	}
+	s.narrative += fmt.Sprintf("   A got fence %d, paused; B got fence %d after A's TTL and wrote.\n", fa, fb)
+	s.narrative += fmt.Sprintf("   Without fencing the file now says %q: A's stale write won.\n", f1.content)
+	s.unfenced = fmt.Sprintf("stale write by A accepted: file says %q", f1.content)
+	f2, fa, fb, aErr, err := play(true)
+	if err != nil {
+		return s, err
+	}
+	if aErr == nil {
+		s.fenced = "stale write by A accepted (bug)"
+		return s, errors.New("the fenced resource accepted a stale write")
+	}
+	s.narrative += fmt.Sprintf("   With fencing the file rejects A (%v) and keeps %q.\n", aErr, f2.content)
+	s.fenced = fmt.Sprintf("stale write by A (fence %d) rejected; B's (fence %d) kept", fa, fb)
+	s.ok = f2.content == "written by B"
+	return s, nil
+}

@@ -1,0 +1,235 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/distlock/lock/internal/redistest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// lockedBuffer is written by lockctl and by the copy of a child's output.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// call runs lockctl in-process and returns its status and outputs.
+func call(t *testing.T, env map[string]string, args ...string) (int, string, string) {
+	t.Helper()
+	var stdout, stderr lockedBuffer
+	code := lockctl(context.Background(), args, &stdout, &stderr, func(k string) string { return env[k] })
+	return code, stdout.String(), stderr.String()
+}
+
+func TestBadUsageIsOneLineAndStatus2(t *testing.T) {
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{nil, "usage: lockctl"},
+		{[]string{"frobnicate"}, `unknown command "frobnicate"; valid: run, status, demo, bench`},
+		{[]string{"run", "--bogus", "k", "--", "true"}, "valid flags: --backend"},
+		{[]string{"run", "--backend", "nosuch://x", "k", "--", "true"}, "registered: mem, redis, rediss, redlock, unix"},
+		{[]string{"run", "--backend", "redis://localhost:6379?colour=red", "k", "--", "true"}, `unknown query parameter "colour"`},
+		{[]string{"run", "--backend", "mem://", "k", "true"}, "want KEY -- CMD"},
+		{[]string{"run", "k", "--", "true"}, "no backend: give --backend URL or set LOCK_BACKEND"},
+		{[]string{"run", "--backend", "mem://", "--ttl", "-1s", "k", "--", "true"}, "--ttl must be > 0"},
+		{[]string{"status", "--backend", "mem://"}, "want exactly one KEY"},
+		{[]string{"demo", "--units", "0"}, "need 1 <= --units <= --buyers"},
+		{[]string{"bench", "--duration", "0s"}, "--duration must be > 0"},
+		{[]string{"demo", "--backend", "mem://x?ttl=soon"}, "want a Go duration"},
+	}
+	for _, tc := range cases {
+		code, _, stderr := call(t, nil, tc.args...)
+		if code != exitUsage {
+			t.Errorf("%q: status %d; want 2 (stderr %q)", tc.args, code, stderr)
+		}
+		if !strings.Contains(stderr, tc.want) {
+			t.Errorf("%q: stderr %q does not say %q", tc.args, stderr, tc.want)
+		}
+		if tc.args != nil && strings.Count(strings.TrimSpace(stderr), "\n") != 0 {
+			t.Errorf("%q: message is not one line: %q", tc.args, stderr)
+		}
+	}
+}
+
+func TestDemoOnMemory(t *testing.T) {
+	code, out, stderr := call(t, nil, "demo", "--buyers", "2000", "--units", "50")
+	if code != exitOK {
+		t.Fatalf("demo: status %d\n%s\n%s", code, out, stderr)
+	}
+	for _, want := range []string{
+		"With the lock: 50 sold, 0 oversold",
+		"flash sale, with the lock          50 sold of 50, oversold by 0",
+		"rejected; B's",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("demo output lacks %q:\n%s", want, out)
+		}
+	}
+	m := regexp.MustCompile(`Without a lock: (\d+) sold, oversold by (\d+)`).FindStringSubmatch(out)
+	if m == nil || m[2] == "0" {
+		t.Errorf("demo did not show the oversold sale without a lock:\n%s", out)
+	}
+}
+
+func TestBenchOnMemory(t *testing.T) {
+	code, out, stderr := call(t, nil, "bench", "--duration", "200ms")
+	if code != exitOK || !strings.Contains(out, "cycles/s") || !strings.Contains(out, "utilisation") {
+		t.Fatalf("bench: status %d\n%s\n%s", code, out, stderr)
+	}
+}
+
+func redisURL(t *testing.T) (string, *goredis.Client) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	rdb := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { rdb.Close() })
+	return "redis://" + srv.Addr, rdb
+}
+
+func TestRunExportsTheLockAndPropagatesTheStatus(t *testing.T) {
+	url, _ := redisURL(t)
+	env := map[string]string{"LOCK_BACKEND": url}
+	code, out, stderr := call(t, env, "run", "job", "--", "sh", "-c", `echo "$LOCK_KEY $LOCK_FENCE $LOCK_TOKEN"; exit 7`)
+	if code != 7 {
+		t.Fatalf("status %d; want the child's 7 (stderr %q)", code, stderr)
+	}
+	fields := strings.Fields(out)
+	if len(fields) != 3 || fields[0] != "job" || fields[1] == "0" || !regexp.MustCompile(`^[0-9a-f]{32}$`).MatchString(fields[2]) {
+		t.Fatalf("child saw %q; want LOCK_KEY, a fence > 0 and a 32-hex token", out)
+	}
+	// Released after the child exited: a second run gets the next fence.
+	code, out, _ = call(t, env, "run", "--no-wait", "job", "--", "sh", "-c", `echo "$LOCK_FENCE"`)
+	if code != 0 || strings.TrimSpace(out) != "2" {
+		t.Fatalf("second run: status %d, fence %q; want 0 and 2", code, out)
+	}
+	code, out, _ = call(t, env, "status", "job")
+	if code != 0 || strings.TrimSpace(out) != "job: free" {
+		t.Fatalf("status: %d %q", code, out)
+	}
+}
+
+func TestRunNoWaitAndTimeoutWhenHeld(t *testing.T) {
+	url, _ := redisURL(t)
+	dir := t.TempDir()
+	started := filepath.Join(dir, "started")
+	done := make(chan int)
+	go func() {
+		code, _, _ := call(t, nil, "run", "--backend", url, "job", "--", "sh", "-c", "touch "+started+"; sleep 1")
+		done <- code
+	}()
+	waitForFile(t, started)
+	code, out, _ := call(t, nil, "status", "--backend", url, "job")
+	if code != 0 || !strings.Contains(out, "job: held by") || !strings.Contains(out, "fence 1") {
+		t.Errorf("status while held: %d %q", code, out)
+	}
+	if code, _, stderr := call(t, nil, "run", "--backend", url, "--no-wait", "job", "--", "true"); code != exitNotAcquired {
+		t.Errorf("--no-wait while held: status %d; want 75 (%q)", code, stderr)
+	}
+	if code, _, stderr := call(t, nil, "run", "--backend", url, "--timeout", "100ms", "job", "--", "true"); code != exitNotAcquired {
+		t.Errorf("--timeout while held: status %d; want 75 (%q)", code, stderr)
+	}
+	if code := <-done; code != 0 {
+		t.Errorf("holder: status %d", code)
+	}
+}
+
+func waitForFile(t *testing.T, path string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never appeared", path)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestRunStopsTheCommandWhenTheLockIsLost(t *testing.T) {
+	for _, how := range []string{"deleted", "expired"} {
+		t.Run(how, func(t *testing.T) {
+			url, rdb := redisURL(t)
+			dir := t.TempDir()
+			started := filepath.Join(dir, "started")
+			done := make(chan int)
+			var stderr string
+			go func() {
+				var code int
+				code, _, stderr = call(t, nil, "run", "--backend", url, "--ttl", "300ms", "--grace", "2s", "job", "--", "sh", "-c", "touch "+started+"; exec sleep 30")
+				done <- code
+			}()
+			waitForFile(t, started)
+			ctx := context.Background()
+			if how == "deleted" {
+				rdb.Del(ctx, "lock:{job}")
+			} else {
+				rdb.PExpire(ctx, "lock:{job}", time.Millisecond)
+			}
+			select {
+			case code := <-done:
+				if code != exitLost {
+					t.Fatalf("status %d; want 76 (lock lost, command stopped); stderr %q", code, stderr)
+				}
+				if !strings.Contains(stderr, "sending SIGTERM") {
+					t.Errorf("stderr %q does not say the command was stopped", stderr)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the command was not stopped within 10s of losing the lock")
+			}
+		})
+	}
+}
+
+func TestConcurrentRunsNeverOverlap(t *testing.T) {
+	url, _ := redisURL(t)
+	dir := t.TempDir()
+	inside := filepath.Join(dir, "inside")
+	script := fmt.Sprintf("mkdir %s || exit 99; sleep 0.05; rmdir %s", inside, inside)
+	var wg sync.WaitGroup
+	codes := make(chan int, 12)
+	for i := 0; i < 4; i++ {
+		wg.Go(func() {
+			for r := 0; r < 3; r++ {
+				code, _, _ := call(t, nil, "run", "--backend", url, "--ttl", "2s", "job", "--", "sh", "-c", script)
+				codes <- code
+			}
+		})
+	}
+	wg.Wait()
+	close(codes)
+	for code := range codes {
+		if code != 0 {
+			t.Errorf("a run exited %d (99: two commands were inside at once)", code)
+		}
+	}
+}
