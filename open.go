@@ -78,8 +78,11 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Client, error) {
 		return nil, invalid(ErrInvalid, "Open: nil context")
 	}
 	u, err := url.Parse(rawURL)
-	if err != nil {
-		return nil, invalid(ErrInvalid, "Open: %v", err)
+	if err != nil || u.Scheme == "" {
+		if err == nil {
+			err = fmt.Errorf("%q has no scheme", rawURL)
+		}
+		return nil, invalid(ErrInvalid, "Open: %v; want SCHEME://ADDRESS with a registered scheme (%s)", err, strings.Join(Schemes(), ", "))
 	}
 	registryMu.RLock()
 	s, ok := registry[u.Scheme]

@@ -65,6 +65,8 @@ func TestBadUsageIsOneLineAndStatus2(t *testing.T) {
 		{[]string{"demo", "--units", "0"}, "need 1 <= --units <= --buyers"},
 		{[]string{"bench", "--duration", "0s"}, "--duration must be > 0"},
 		{[]string{"demo", "--backend", "mem://x?ttl=soon"}, "want a Go duration"},
+		{[]string{"status", "--backend", "redis://[::1", "k"}, "want SCHEME://ADDRESS with a registered scheme (mem, redis"},
+		{[]string{"status", "--backend", "localhost:6379", "k"}, `unknown URL scheme "localhost"`},
 	}
 	for _, tc := range cases {
 		code, _, stderr := call(t, nil, tc.args...)
@@ -231,5 +233,29 @@ func TestConcurrentRunsNeverOverlap(t *testing.T) {
 		if code != 0 {
 			t.Errorf("a run exited %d (99: two commands were inside at once)", code)
 		}
+	}
+}
+
+func TestDemoOnRedis(t *testing.T) {
+	url, _ := redisURL(t)
+	code, out, stderr := call(t, nil, "demo", "--backend", url, "--buyers", "1000", "--units", "20")
+	if code != exitOK || !strings.Contains(out, "With the lock: 20 sold, 0 oversold") || !strings.Contains(out, "rejected; B's") {
+		t.Fatalf("demo on redis: status %d\n%s\n%s", code, out, stderr)
+	}
+}
+
+func TestRunOnRedlock(t *testing.T) {
+	var addrs []string
+	for i := 0; i < 3; i++ {
+		addrs = append(addrs, redistest.Start(t, redistest.NoPersistence).Addr)
+	}
+	url := "redlock://" + strings.Join(addrs, ",")
+	code, out, stderr := call(t, nil, "run", "--backend", url, "job", "--", "sh", "-c", `echo "$LOCK_FENCE"`)
+	if code != 0 || strings.TrimSpace(out) != "1" {
+		t.Fatalf("run on redlock: status %d, output %q, stderr %q", code, out, stderr)
+	}
+	code, out, _ = call(t, nil, "status", "--backend", url, "job")
+	if code != 0 || strings.TrimSpace(out) != "job: free" {
+		t.Fatalf("status on redlock: %d %q", code, out)
 	}
 }
