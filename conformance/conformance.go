@@ -2,10 +2,10 @@
 // against itself, including backends written outside this module. It drives
 // the backend through package lock, the way applications use it, against a
 // real store, and checks every promise of package lock's documentation:
-// mutual exclusion, token-checked renew and release, expiry and takeover
-// bounds, fence monotonicity, context cancellation, the lost-lock signal,
-// many keys without leaks, bad input, and a recorded history checked with a
-// lease-lock model.
+// mutual exclusion between clients and between goroutines of one client,
+// token-checked renew and release, expiry and takeover bounds, fence
+// monotonicity, context cancellation, the lost-lock signal, many keys without
+// leaks, bad input, and a recorded history checked with a lease-lock model.
 //
 // A backend's whole test wiring is one small test:
 //
