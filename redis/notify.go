@@ -80,13 +80,25 @@ func (n *notifier) watch(ctx context.Context, channel string) (backend.Watch, er
 		n.channels[channel] = st
 		for _, node := range n.nodes {
 			if node.ps == nil {
+				// No I/O yet: the connection opens with the first
+				// SUBSCRIBE.
 				node.ps = node.sub.Subscribe(context.WithoutCancel(ctx))
 				n.wg.Add(1)
 				go n.dispatch(node.ps)
 			}
-			if err := node.ps.Subscribe(ctx, channel); err != nil {
-				st.settle(false) // a node down: its releases cannot be heard
-			}
+			// Subscribe outside the lock, every node on its own: a hung
+			// node must not hold up the others or the dispatchers.
+			n.wg.Add(1)
+			go func(ps *goredis.PubSub) {
+				defer n.wg.Done()
+				sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), confirmTimeout)
+				defer cancel()
+				if err := ps.Subscribe(sctx, channel); err != nil {
+					n.mu.Lock()
+					st.settle(false) // a node down: its releases cannot be heard
+					n.mu.Unlock()
+				}
+			}(node.ps)
 		}
 	}
 	if st.idle != nil {
