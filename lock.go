@@ -354,7 +354,7 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 				// left behind.
 				c.cleanup(ctx, key, token, cfg.ttl)
 			}
-			if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+			if cerr := ctxErr(ctx); cerr != nil && !errors.Is(err, cerr) {
 				err = errors.Join(cerr, err)
 			}
 			return nil, wrap(op, key, err)
@@ -390,6 +390,20 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 			return nil, wrap(op, key, err)
 		}
 	}
+}
+
+// ctxErr is ctx.Err(), or context.DeadlineExceeded once ctx's deadline has
+// passed even if its timer has not fired yet: a store client that uses the
+// deadline for its socket (go-redis with ContextTimeoutEnabled) can time out
+// first, and the caller must still learn that its deadline ended the call.
+func ctxErr(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // sleep waits for d on the configured clock, a wake-up from w, or the end of
