@@ -2,44 +2,15 @@ package lock_test
 
 import (
 	"context"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/distlock/lock"
+	"github.com/distlock/lock/internal/flashsale"
 	"github.com/distlock/lock/memory"
 )
-
-// inventory is stock kept in a remote store: reading and writing it are
-// separate round trips, as with a database row read and then updated.
-type inventory struct {
-	mu    sync.Mutex
-	stock int
-}
-
-func (inv *inventory) get() int {
-	runtime.Gosched() // the round trip
-	inv.mu.Lock()
-	defer inv.mu.Unlock()
-	return inv.stock
-}
-
-func (inv *inventory) set(n int) {
-	runtime.Gosched()
-	inv.mu.Lock()
-	defer inv.mu.Unlock()
-	inv.stock = n
-}
-
-// buy is one buyer's read-check-write on the stock.
-func buy(inv *inventory, sold *atomic.Int64) {
-	if n := inv.get(); n > 0 {
-		inv.set(n - 1)
-		sold.Add(1)
-	}
-}
 
 const (
 	units  = 100
@@ -47,9 +18,9 @@ const (
 )
 
 // sale runs every buyer at once and returns how many units were sold.
-func sale(t *testing.T, purchase func(inv *inventory, sold *atomic.Int64) error) int64 {
+func sale(t *testing.T, purchase func(inv *flashsale.Inventory, sold *atomic.Int64) error) int64 {
 	t.Helper()
-	inv := &inventory{stock: units}
+	inv := flashsale.New(units)
 	var sold atomic.Int64
 	start := make(chan struct{})
 	var wg sync.WaitGroup
@@ -68,8 +39,8 @@ func sale(t *testing.T, purchase func(inv *inventory, sold *atomic.Int64) error)
 }
 
 func TestFlashSale(t *testing.T) {
-	withoutLock := sale(t, func(inv *inventory, sold *atomic.Int64) error {
-		buy(inv, sold)
+	withoutLock := sale(t, func(inv *flashsale.Inventory, sold *atomic.Int64) error {
+		inv.Buy(sold)
 		return nil
 	})
 	if withoutLock <= units {
@@ -84,9 +55,9 @@ func TestFlashSale(t *testing.T) {
 	defer locks.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	withLock := sale(t, func(inv *inventory, sold *atomic.Int64) error {
+	withLock := sale(t, func(inv *flashsale.Inventory, sold *atomic.Int64) error {
 		return locks.Do(ctx, "stock:sku-1", func(context.Context, *lock.Lease) error {
-			buy(inv, sold)
+			inv.Buy(sold)
 			return nil
 		})
 	})

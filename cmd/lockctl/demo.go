@@ -6,41 +6,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/distlock/lock"
+	"github.com/distlock/lock/internal/flashsale"
 )
-
-// inventory is stock in a store reached by round trips: a read, then a write.
-type inventory struct {
-	mu    sync.Mutex
-	stock int
-}
-
-func (inv *inventory) get() int {
-	runtime.Gosched() // the round trip
-	inv.mu.Lock()
-	defer inv.mu.Unlock()
-	return inv.stock
-}
-
-func (inv *inventory) set(n int) {
-	runtime.Gosched()
-	inv.mu.Lock()
-	defer inv.mu.Unlock()
-	inv.stock = n
-}
-
-// buy is one buyer's read-check-write.
-func (inv *inventory) buy(sold *atomic.Int64) {
-	if n := inv.get(); n > 0 {
-		inv.set(n - 1)
-		sold.Add(1)
-	}
-}
 
 // fencedFile keeps the highest fence it accepted and rejects lower ones.
 type fencedFile struct {
@@ -86,8 +58,8 @@ func (e *environment) demo(ctx context.Context, args []string) int {
 	fmt.Fprintf(out, "Backend: %s\n\n", url)
 	fmt.Fprintf(out, "1. Flash sale: %d units, %d buyers at once. Each buyer reads the stock, and if\n   some is left, writes stock-1: two round trips to the store.\n", *units, *buyers)
 
-	free := e.sale(*buyers, *units, func(inv *inventory, sold *atomic.Int64) error {
-		inv.buy(sold)
+	free := e.sale(*buyers, *units, func(inv *flashsale.Inventory, sold *atomic.Int64) error {
+		inv.Buy(sold)
 		return nil
 	}, nil)
 	fmt.Fprintf(out, "   Without a lock: %d sold, oversold by %d.\n", free.sold, free.sold-int64(*units))
@@ -97,10 +69,10 @@ func (e *environment) demo(ctx context.Context, args []string) int {
 	progress := func() {
 		fmt.Fprintf(out, "   with the lock: %d of %d buyers served (%v)\n", served.Load(), *buyers, time.Since(start).Round(time.Millisecond))
 	}
-	locked := e.sale(*buyers, *units, func(inv *inventory, sold *atomic.Int64) error {
+	locked := e.sale(*buyers, *units, func(inv *flashsale.Inventory, sold *atomic.Int64) error {
 		defer served.Add(1)
 		return locks.Do(ctx, prefix+"stock", func(context.Context, *lock.Lease) error {
-			inv.buy(sold)
+			inv.Buy(sold)
 			return nil
 		})
 	}, progress)
@@ -137,8 +109,8 @@ type saleResult struct {
 }
 
 // sale runs every buyer at once; progress, if set, is called every second.
-func (e *environment) sale(buyers, units int, buy func(*inventory, *atomic.Int64) error, progress func()) saleResult {
-	inv := &inventory{stock: units}
+func (e *environment) sale(buyers, units int, buy func(*flashsale.Inventory, *atomic.Int64) error, progress func()) saleResult {
+	inv := flashsale.New(units)
 	var sold atomic.Int64
 	var firstErr error
 	var errOnce sync.Once
