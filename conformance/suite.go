@@ -574,10 +574,16 @@ func (s *suite) renewAfterLoss(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Acquire by another client after the loss: %v", err)
 	}
-	if l2.Fence() <= l.Fence() {
-		t.Errorf("fence %d after %d; want strictly increasing", l2.Fence(), l.Fence())
+	successorDone(ctx, t, l, l2)
+}
+
+// successorDone checks that next's fence is above prev's, then releases next.
+func successorDone(ctx context.Context, t *testing.T, prev, next *lock.Lease) {
+	t.Helper()
+	if next.Fence() <= prev.Fence() {
+		t.Errorf("fence %d after %d; want strictly increasing", next.Fence(), prev.Fence())
 	}
-	if err := l2.Release(ctx); err != nil {
+	if err := next.Release(ctx); err != nil {
 		t.Errorf("Release: %v", err)
 	}
 }
@@ -608,12 +614,7 @@ func (s *suite) takeover(t *testing.T) {
 	if late, bound := gotB.Sub(gotA), s.caps.LatestExpiry(s.short)+s.slack; late > bound {
 		t.Errorf("waiter got the key %v after the holder; want within %v (declared latest expiry plus %v)", late, bound, s.slack)
 	}
-	if lb.Fence() <= la.Fence() {
-		t.Errorf("fence %d after %d; want strictly increasing", lb.Fence(), la.Fence())
-	}
-	if err := lb.Release(ctx); err != nil {
-		t.Errorf("Release: %v", err)
-	}
+	successorDone(ctx, t, la, lb)
 }
 
 func (s *suite) cancelWhileWaiting(t *testing.T) {

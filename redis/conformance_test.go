@@ -7,7 +7,6 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
-	"github.com/redis/go-redis/v9/maintnotifications"
 	"go.uber.org/goleak"
 
 	"github.com/distlock/lock/backend"
@@ -17,22 +16,12 @@ import (
 	"github.com/distlock/lock/redis"
 )
 
-// noMaint turns off go-redis's maintenance notifications in test clients:
-// in v9.23 a failed dial can start a goroutine that outlives Client.Close.
-var noMaint = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
-
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// newGoRedis returns a go-redis client of addr, closed at the end of the
-// test. Context deadlines bound its socket reads, so a hung server cannot
-// hold a call past its context.
-func newGoRedis(t testing.TB, addr string) *goredis.Client {
-	rdb := goredis.NewClient(&goredis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1, MaintNotificationsConfig: noMaint})
-	t.Cleanup(func() { rdb.Close() })
-	return rdb
-}
+// newGoRedis returns a test client of addr (see redistest.Client).
+func newGoRedis(t testing.TB, addr string) *goredis.Client { return redistest.Client(t, addr) }
 
 // proxied hands out clients that each reach the servers through their own
 // TCP proxies, so one client can be cut off.

@@ -13,15 +13,10 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
-	"github.com/redis/go-redis/v9/maintnotifications"
 	"go.uber.org/goleak"
 
 	"github.com/distlock/lock/internal/redistest"
 )
-
-// noMaint turns off go-redis's maintenance notifications in test clients:
-// in v9.23 a failed dial can start a goroutine that outlives Client.Close.
-var noMaint = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
@@ -116,9 +111,7 @@ func TestBenchOnMemory(t *testing.T) {
 
 func redisURL(t *testing.T) (string, *goredis.Client) {
 	srv := redistest.Start(t, redistest.NoPersistence)
-	rdb := goredis.NewClient(&goredis.Options{Addr: srv.Addr, MaintNotificationsConfig: noMaint})
-	t.Cleanup(func() { rdb.Close() })
-	return "redis://" + srv.Addr, rdb
+	return "redis://" + srv.Addr, redistest.Client(t, srv.Addr)
 }
 
 func TestRunExportsTheLockAndPropagatesTheStatus(t *testing.T) {

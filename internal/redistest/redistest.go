@@ -14,6 +14,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // Persistence modes of a test server.
@@ -203,3 +206,18 @@ func (s *Server) Continue() {
 
 // Running reports whether the server process is up.
 func (s *Server) Running() bool { return s.cmd != nil }
+
+// Client returns a go-redis client of addr for tests, closed at cleanup.
+// Context deadlines bound its socket reads, so a hung server cannot hold a
+// call past its context, and go-redis's maintenance notifications are off:
+// in v9.23 they can start a goroutine that outlives Client.Close.
+func Client(t T, addr string) *goredis.Client {
+	rdb := goredis.NewClient(&goredis.Options{
+		Addr:                     addr,
+		ContextTimeoutEnabled:    true,
+		MaxRetries:               -1,
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+	})
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
