@@ -117,6 +117,7 @@ func withCloseClients() Option { return func(o *options) { o.closeClients = true
 // backend.Backend, backend.Notifier, backend.Describer and backend.Inspector.
 type Backend struct {
 	rdb    Client
+	batch  *batcher
 	opts   options
 	notify *notifier
 	closed atomic.Bool
@@ -139,7 +140,7 @@ func New(rdb Client, opts ...Option) *Backend {
 			f(&o)
 		}
 	}
-	return &Backend{rdb: rdb, opts: o, notify: newNotifier(rdb)}
+	return &Backend{rdb: rdb, batch: newBatcher(rdb), opts: o, notify: newNotifier(rdb)}
 }
 
 // keys returns the Redis keys of a lock: the lock key, its fence counter and
@@ -169,12 +170,18 @@ func ms(ttl time.Duration) int64 {
 var (
 	// acquireScript: KEYS = lock, fence; ARGV = token, ttl ms. Returns the
 	// fence (> 0) when it took the lock, or minus the holder's PTTL (<= 0)
-	// after marking the lock as waited for.
+	// after marking the lock as waited for. A request that finds its own
+	// token (go-redis retried it after a lost reply) returns the fence the
+	// first try got.
 	acquireScript = goredis.NewScript(`
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return redis.call('INCR', KEYS[2])
 end
-if string.byte(redis.call('GET', KEYS[1]), -1) ~= 43 then
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] or v == ARGV[1] .. '+' then
+  return tonumber(redis.call('GET', KEYS[2]))
+end
+if string.byte(v, -1) ~= 43 then
   redis.call('APPEND', KEYS[1], '+')
 end
 local p = redis.call('PTTL', KEYS[1])
@@ -248,7 +255,7 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Durat
 		return backend.Grant{}, err
 	}
 	lk, fk, _ := keys(b.opts.prefix, key)
-	res, err := acquireScript.Run(ctx, b.rdb, []string{lk, fk}, token, ms(ttl)).Int64()
+	res, err := b.batch.run(ctx, acquireScript, []string{lk, fk}, token, ms(ttl)).Int64()
 	if err != nil {
 		return backend.Grant{}, storeErr("acquire", err)
 	}
@@ -274,7 +281,7 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 		return backend.Grant{}, err
 	}
 	lk, _, _ := keys(b.opts.prefix, key)
-	ok, err := renewScript.Run(ctx, b.rdb, []string{lk}, token, ms(ttl)).Int64()
+	ok, err := b.batch.run(ctx, renewScript, []string{lk}, token, ms(ttl)).Int64()
 	if err != nil {
 		return backend.Grant{}, storeErr("renew", err)
 	}
@@ -290,7 +297,7 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 		return err
 	}
 	lk, _, ch := keys(b.opts.prefix, key)
-	n, err := releaseScript.Run(ctx, b.rdb, []string{lk}, token, ch, releaseID()).Int64()
+	n, err := b.batch.run(ctx, releaseScript, []string{lk}, token, ch, releaseID()).Int64()
 	if err != nil {
 		return storeErr("release", err)
 	}
@@ -307,7 +314,7 @@ func (b *Backend) Transfer(ctx context.Context, key, from, to string, ttl time.D
 		return backend.Grant{}, err
 	}
 	lk, fk, _ := keys(b.opts.prefix, key)
-	res, err := transferScript.Run(ctx, b.rdb, []string{lk, fk}, from, to, ms(ttl)).Int64()
+	res, err := b.batch.run(ctx, transferScript, []string{lk, fk}, from, to, ms(ttl)).Int64()
 	switch {
 	case err != nil:
 		return backend.Grant{}, storeErr("transfer", err)
