@@ -312,3 +312,44 @@ func TestRedlockNodeRestartedEmptyKeepsFencesIncreasing(t *testing.T) {
 		acquire(20)
 	}
 }
+
+// go-redis retries a request whose reply was lost. An acquire retried after
+// it took the lock must report the lock as taken, with the fence the first
+// try got: otherwise the caller waits on its own lock, or gives up while it
+// holds it for a whole TTL.
+func TestRetriedAcquireFindsItsOwnLock(t *testing.T) {
+	srvs := startN(t, 3, redistest.NoPersistence)
+	single := redis.New(newGoRedis(t, srvs[0].Addr))
+	t.Cleanup(func() { single.Close() })
+	rl, _ := redlockOver(t, srvs)
+	for name, b := range map[string]backend.Backend{"single": single, "redlock": rl} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			first, err := b.Acquire(ctx, "retried", "tok", time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			again, err := b.Acquire(ctx, "retried", "tok", time.Minute)
+			if err != nil {
+				t.Fatalf("the same acquire sent again: %v; want the lock it already took", err)
+			}
+			// Redlock takes a fresh fence above every node's counter,
+			// which the first try raised: still above every earlier
+			// holder's.
+			if again.Fence != first.Fence && (name == "single" || again.Fence < first.Fence) {
+				t.Fatalf("the same acquire sent again got fence %d; the first try got %d", again.Fence, first.Fence)
+			}
+			var locked *backend.LockedError
+			if _, err := b.Acquire(ctx, "retried", "other", time.Minute); !errors.As(err, &locked) {
+				t.Fatalf("another owner's acquire: %v; want a LockedError", err)
+			}
+			// Even after the other owner marked the lock as waited for.
+			if again, err := b.Acquire(ctx, "retried", "tok", time.Minute); err != nil || again.Fence < first.Fence {
+				t.Fatalf("the same acquire sent again after a waiter marked the lock: fence %d, %v; want fence %d", again.Fence, err, first.Fence)
+			}
+			if err := b.Release(ctx, "retried", "tok"); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

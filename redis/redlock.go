@@ -180,6 +180,9 @@ func (r *Redlock) Acquire(ctx context.Context, key, token string, ttl time.Durat
 		case len(res) == 4 && ints[0] == 0:
 			pttls[i], counters[i] = ints[1], ints[2]
 			holders[i], _ = res[3].(string)
+			if holders[i] == token {
+				return nil // a retry (by go-redis) of a request that took the node
+			}
 			return errLockedHere
 		}
 		return fmt.Errorf("unexpected script reply %v", res)
