@@ -57,6 +57,13 @@ type Lease struct {
 	done     chan struct{}
 	hooks    []func(error)
 	cancel   context.CancelFunc // of an automatic renewal in flight
+	next     uint64             // a fence reserved for the next holder; 0: none
+
+	// handover is closed when the lock, handed over ahead of the store,
+	// has reached this lease on the store (or failed to); nil for a lease
+	// the store granted before it was created. Set before the lease is
+	// shared.
+	handover chan struct{}
 }
 
 func (c *Client) newLease(key, token string, cfg *config, sent time.Time, g backend.Grant) *Lease {
@@ -85,6 +92,20 @@ func (c *Client) newLease(key, token string, cfg *config, sent time.Time, g back
 	// No other goroutine sees l before the scheduler does: its mutex
 	// publishes the fields set here.
 	l.extendLocked(sent)
+	l.armLocked()
+	return l
+}
+
+// newHandedLease returns the lease of a lock handed over ahead of the store:
+// valid until deadline (the previous holder's), with a reserved fence, and
+// not renewed until completeHandover has settled it.
+func (c *Client) newHandedLease(key, token string, cfg *config, fence uint64, deadline time.Time) *Lease {
+	l := c.newLease(key, token, cfg, cfg.clock.Now(), backend.Grant{Fence: fence})
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.handover = make(chan struct{})
+	l.deadline = deadline
+	l.renewAt = deadline
 	l.armLocked()
 	return l
 }
@@ -157,9 +178,19 @@ func (l *Lease) Renew(ctx context.Context) error {
 // is asked to free the key anyway, token-checked, so it cannot touch a
 // successor's lock); or the store's error, in which case the lock expires
 // after its TTL. Releasing twice returns nil.
+//
+// When another goroutine of the same Client waits for the key, Release may
+// hand the lock to it ahead of the store (see Acquire) and return nil at
+// once; should the store turn out to have lost the lock meanwhile, that
+// goroutine's lease is the one that ends as lost.
 func (l *Lease) Release(ctx context.Context) error {
 	if ctx == nil {
 		return invalid(ErrInvalid, "release %q: nil context", l.key)
+	}
+	if err := l.awaitHandover(ctx); err != nil {
+		// The store may not know this owner yet: release once it does.
+		l.releaseInBackground()
+		return wrap("release", l.key, err)
 	}
 	l.mu.Lock()
 	l.checkDeadlineLocked()
@@ -199,9 +230,40 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 }
 
+// awaitHandover waits until a lock handed over ahead of the store has
+// reached this lease on the store, or failed to.
+func (l *Lease) awaitHandover(ctx context.Context) error {
+	if l.handover == nil {
+		return nil
+	}
+	select {
+	case <-l.handover:
+		return nil
+	default:
+	}
+	select {
+	case <-l.handover:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// handoverMargin: a lease hands its lock over ahead of the store only while
+// at least this share of its TTL is left, so that the handover reaches the
+// store well within the validity the next holder starts with.
+const handoverMargin = 4 // TTL/4
+
 // transferToNext hands the lock to the next goroutine of this client waiting
-// for the key, in one request, when the backend can and no other process
-// waits. It reports whether the release is done, and its error.
+// for the key, when the backend can and no other process waits. It reports
+// whether the release is done, and its error.
+//
+// When a fence was reserved for the next holder (by the transfer that
+// brought the lock to l), the next holder starts at once: it is valid until
+// l's deadline, the store keeps holding the lock for l's token until then
+// at least, and the transfer goes out in the background; when it lands, the
+// next holder's deadline moves on as after a renewal. Otherwise the
+// transfer is one request, and the next holder starts when it returns.
 func (l *Lease) transferToNext(ctx context.Context) (bool, error) {
 	c := l.c
 	if c.transfer == nil || c.caps.InProcess {
@@ -211,11 +273,34 @@ func (l *Lease) transferToNext(ctx context.Context) (bool, error) {
 	if w == nil {
 		return false, nil
 	}
+	l.mu.Lock()
+	reserved, deadline := l.next, l.deadline
+	l.mu.Unlock()
+	sameClock := l.sched == c.sched && w.cfg.clockID == c.cfg.clockID
+	if left := l.clock.Until(deadline); reserved > 0 && sameClock && left >= l.ttl/handoverMargin && left >= w.cfg.ttl/handoverMargin {
+		next := c.newHandedLease(l.key, w.token, w.cfg, reserved, deadline)
+		l.leftTurn.Store(true) // the turn goes with the lock
+		// Start the transfer before waking the next holder: the
+		// goroutine woken last runs first, and that should be the
+		// holder. The transfer settles the lease only once it is
+		// delivered.
+		delivered := make(chan bool, 1)
+		complete := func() { next.completeHandover(l.token, delivered) }
+		started := c.background(complete)
+		delivered <- c.local.deliver(l.key, w, next)
+		if !started {
+			complete() // the client is closing
+		}
+		return true, nil
+	}
 	sent := w.cfg.clock.Now()
-	g, err := c.transfer.Transfer(ctx, l.key, l.token, w.token, w.cfg.ttl)
+	t, err := c.transfer.Transfer(ctx, l.key, l.token, w.token, w.cfg.ttl, backend.TransferOptions{Reserve: true})
 	switch {
 	case err == nil:
-		next := c.newLease(l.key, w.token, w.cfg, sent, g)
+		next := c.newLease(l.key, w.token, w.cfg, sent, backend.Grant{Fence: t.Fence, TTL: t.TTL})
+		next.mu.Lock()
+		next.next = t.Next
+		next.mu.Unlock()
 		l.leftTurn.Store(true) // the turn goes with the lock
 		if !c.local.deliver(l.key, w, next) {
 			next.releaseInBackground() // the waiter gave up meanwhile
@@ -232,6 +317,59 @@ func (l *Lease) transferToNext(ctx context.Context) (bool, error) {
 	return false, nil // refused, or failed: release plainly
 }
 
+// completeHandover sends the transfer of a lock handed over ahead of the
+// store, from the previous holder's token to l's, and settles l with the
+// outcome once delivered says whether a waiting goroutine took l; when none
+// did, it releases l. It runs in the background.
+func (l *Lease) completeHandover(from string, delivered <-chan bool) {
+	l.mu.Lock()
+	deadline := l.deadline
+	l.mu.Unlock()
+	ctx, cancel := context.WithCancel(context.Background())
+	if l.clock == clock.Real {
+		ctx, cancel = context.WithDeadline(context.Background(), deadline)
+	}
+	defer cancel()
+	sent := l.clock.Now()
+	t, err := l.c.transfer.Transfer(ctx, l.key, from, l.token, l.ttl, backend.TransferOptions{Fence: l.fence, Reserve: true})
+	took := <-delivered
+	l.settleHandover(ctx, from, sent, t, err)
+	close(l.handover)
+	if !took { // the waiter gave up meanwhile
+		rctx, rcancel := context.WithTimeout(context.Background(), max(l.ttl, time.Second))
+		defer rcancel()
+		l.Release(rctx)
+	}
+}
+
+// settleHandover applies the outcome of a handover's transfer to l.
+func (l *Lease) settleHandover(ctx context.Context, from string, sent time.Time, t backend.Transferred, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.checkDeadlineLocked()
+	switch {
+	case err == nil && l.state == stateHeld:
+		l.next = t.Next
+		l.extendLocked(sent)
+		l.armLocked()
+	case err == nil:
+		// l ended (lost at its deadline) while the transfer was out.
+		l.c.cleanup(ctx, l.key, l.token, l.ttl)
+	case errors.Is(err, ErrNotHeld):
+		if l.state == stateHeld {
+			l.endLocked(stateLost, fmt.Errorf("%w: the store no longer held the lock when it was handed over: %w", ErrLost, err))
+		}
+	default:
+		// Unknown outcome: the store holds the lock for from or for l.
+		// Tell l's holder first, then free both.
+		if l.state == stateHeld {
+			l.endLocked(stateLost, fmt.Errorf("%w: handing the lock over failed: %w", ErrLost, err))
+		}
+		l.c.cleanup(ctx, l.key, from, l.ttl)
+		l.c.cleanup(ctx, l.key, l.token, l.ttl)
+	}
+}
+
 // onEnd registers f to be called once, with the lease's error, when it ends.
 func (l *Lease) onEnd(f func(error)) {
 	l.mu.Lock()
@@ -244,6 +382,9 @@ func (l *Lease) onEnd(f func(error)) {
 }
 
 func (l *Lease) renew(ctx context.Context) error {
+	if err := l.awaitHandover(ctx); err != nil {
+		return wrap("renew", l.key, err)
+	}
 	l.mu.Lock()
 	l.checkDeadlineLocked()
 	if l.state != stateHeld {
@@ -317,7 +458,7 @@ func (l *Lease) tick() {
 		return
 	}
 	now := l.clock.Now()
-	if !l.autoRenew || l.renewing || l.capped || now.Before(l.renewAt) || l.c.closed.Load() {
+	if !l.autoRenew || l.renewing || l.capped || now.Before(l.renewAt) || l.c.closed.Load() || l.handingOver() {
 		l.armLocked() // woke early, or nothing to do before the deadline
 		l.mu.Unlock()
 		return
@@ -356,6 +497,20 @@ func (l *Lease) tick() {
 		l.renewAt = now.Add(max(wait, time.Millisecond))
 	}
 	l.armLocked()
+}
+
+// handingOver reports whether the lock is still on its way to l on the
+// store; completeHandover then settles and schedules l.
+func (l *Lease) handingOver() bool {
+	if l.handover == nil {
+		return false
+	}
+	select {
+	case <-l.handover:
+		return false
+	default:
+		return true
+	}
 }
 
 // checkDeadlineLocked ends the lease as lost if its deadline has passed, and

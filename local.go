@@ -109,6 +109,17 @@ func (q *localQueue) turn(ctx context.Context, key, token string, cfg *config) (
 	return nil, ctx.Err()
 }
 
+// waiting returns how many goroutines wait for key's turn.
+func (q *localQueue) waiting(key string) int {
+	sh := q.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if k := sh.keys[key]; k != nil {
+		return k.waiters.Len()
+	}
+	return 0
+}
+
 // next returns the longest-waiting goroutine for key, or nil.
 func (q *localQueue) next(key string) *localWaiter {
 	sh := q.shard(key)
@@ -156,18 +167,11 @@ func (q *localQueue) pass(key string) {
 
 // releaseInBackground releases a lease nobody will use, bounded by its TTL.
 func (l *Lease) releaseInBackground() {
-	c := l.c
-	c.bgMu.Lock()
-	defer c.bgMu.Unlock()
-	if c.bgClosed {
-		l.passTurn()
-		return
-	}
-	c.bg.Add(1)
-	go func() {
-		defer c.bg.Done()
+	if !l.c.background(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), max(l.ttl, time.Second))
 		defer cancel()
 		l.Release(ctx)
-	}()
+	}) {
+		l.passTurn() // the client is closing: the lock expires
+	}
 }

@@ -162,9 +162,25 @@ func (c *Client) TryAcquire(ctx context.Context, key string, opts ...Option) (*L
 // Goroutines of one Client waiting for the same key queue in the process, in
 // arrival order, and only the first asks the store; on a backend that can
 // transfer a lock (backend.Transferer) a release hands the lock straight to
-// the next of them. Waiters in other processes contend through the store.
+// the next of them. From the second handoff of a run on, the next goroutine
+// starts the moment the holder releases, ahead of the store: its lease is
+// valid until the previous holder's deadline, with a fence the store
+// reserved for it, while the transfer travels; when the transfer lands the
+// lease carries on as after a renewal, and if it fails the lease is lost.
+// Waiters in other processes contend through the store.
 func (c *Client) Acquire(ctx context.Context, key string, opts ...Option) (*Lease, error) {
 	return c.acquire(ctx, "acquire", key, true, opts)
+}
+
+// Waiting returns how many goroutines of this Client wait in its queue for
+// key while another of its goroutines has the key's turn (see Acquire). It
+// is 0 on a backend whose store runs in this process, which queues waiters
+// itself.
+func (c *Client) Waiting(key string) int {
+	if c == nil {
+		return 0
+	}
+	return c.local.waiting(key)
 }
 
 // Do acquires key (waiting as Acquire does), runs fn, and releases the lock.
@@ -429,16 +445,25 @@ func (c *Client) sleep(ctx context.Context, cfg *config, d time.Duration, w back
 // outcome is unknown; it gives up after ttl, when the lock has expired anyway.
 // Close waits for it.
 func (c *Client) cleanup(ctx context.Context, key, token string, ttl time.Duration) {
+	c.background(func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ttl)
+		defer cancel()
+		_ = c.b.Release(rctx, key, token)
+	})
+}
+
+// background runs f in a goroutine that Close waits for. Once the client is
+// closing it runs nothing and reports false.
+func (c *Client) background(f func()) bool {
 	c.bgMu.Lock()
 	defer c.bgMu.Unlock()
 	if c.bgClosed {
-		return // the client is closing; the lock, if any, expires
+		return false
 	}
 	c.bg.Add(1)
 	go func() {
 		defer c.bg.Done()
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ttl)
-		defer cancel()
-		_ = c.b.Release(rctx, key, token)
+		f()
 	}()
+	return true
 }

@@ -164,13 +164,37 @@ type Watch interface {
 // to hand a released lock straight to the next goroutine of the same client
 // waiting for the key.
 type Transferer interface {
-	// Transfer gives key, held by token from, to token to, with a new
-	// fence (greater than every fence granted before) and ttl from now.
-	// It returns ErrNotHeld, changing nothing, when from does not hold the
-	// key, and ErrTransferRefused, changing nothing, when an owner outside
-	// this client waits for the key: it must then be released, so that
-	// waiters elsewhere get their chance.
-	Transfer(ctx context.Context, key, from, to string, ttl time.Duration) (Grant, error)
+	// Transfer gives key, held by token from, to token to, with ttl from
+	// now. It returns ErrNotHeld, changing nothing, when from does not hold
+	// the key.
+	//
+	// With opt.Fence 0 it takes a new fence for to (greater than every
+	// fence granted before), and returns ErrTransferRefused, changing
+	// nothing, when an owner outside this client waits for the key: the
+	// key must then be released, so that waiters elsewhere get their
+	// chance. With opt.Fence > 0, a fence reserved by an earlier transfer
+	// (Transferred.Next), it gives to that fence and is not refused: an
+	// owner waiting elsewhere stays known to the store, so that to's
+	// release wakes it.
+	//
+	// With opt.Reserve it also reserves a fence for the owner after to,
+	// Transferred.Next: greater than every fence granted so far, and less
+	// than every fence granted after it; Next is 0 when an owner outside
+	// this client waits for the key.
+	Transfer(ctx context.Context, key, from, to string, ttl time.Duration, opt TransferOptions) (Transferred, error)
+}
+
+// TransferOptions are the options of one Transfer.
+type TransferOptions struct {
+	Fence   uint64 // reserved for to; 0: take a new one
+	Reserve bool   // reserve a fence for the owner after to
+}
+
+// Transferred is what a Transfer granted.
+type Transferred struct {
+	Fence uint64        // to's fence
+	TTL   time.Duration // as Grant.TTL
+	Next  uint64        // reserved for the owner after to; 0 when none
 }
 
 // ErrTransferRefused: Transfer found others waiting for the key.

@@ -216,18 +216,38 @@ end
 return 0`)
 
 	// transferScript: KEYS = lock, fence; ARGV = from token, to token, ttl
-	// ms. Returns the new fence, 0 when from does not hold the lock, or -1
-	// when a waiter marked it (the lock is then left alone).
+	// ms, fence reserved for to (0: take a new one), reserve ('1': reserve
+	// a fence for the owner after to). Returns {0} when from does not hold
+	// the lock; {-1} when a waiter marked it and no fence was reserved (the
+	// lock is then left alone); otherwise {to's fence, the reserved fence
+	// or 0}. A marked lock passed on with a reserved fence stays marked,
+	// and nothing is reserved on it.
 	transferScript = goredis.NewScript(`
 local v = redis.call('GET', KEYS[1])
-if v == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  return redis.call('INCR', KEYS[2])
+local marked = false
+if v ~= ARGV[1] then
+  if v ~= ARGV[1] .. '+' then
+    return {0}
+  end
+  marked = true
 end
-if v == ARGV[1] .. '+' then
-  return -1
+local f = tonumber(ARGV[4])
+if f == 0 then
+  if marked then
+    return {-1}
+  end
+  f = redis.call('INCR', KEYS[2])
 end
-return 0`)
+local to = ARGV[2]
+if marked then
+  to = to .. '+'
+end
+redis.call('SET', KEYS[1], to, 'PX', ARGV[3])
+local nxt = 0
+if ARGV[5] == '1' and not marked then
+  nxt = redis.call('INCR', KEYS[2])
+end
+return {f, nxt}`)
 
 	// inspectScript: KEYS = lock, fence. Returns {} or {token, pttl, fence}.
 	inspectScript = goredis.NewScript(`
@@ -308,22 +328,28 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 }
 
 // Transfer implements backend.Transferer: a waiter in another process marks
-// the lock, and a marked lock is not transferred.
-func (b *Backend) Transfer(ctx context.Context, key, from, to string, ttl time.Duration) (backend.Grant, error) {
+// the lock, and a marked lock is not transferred without a reserved fence.
+func (b *Backend) Transfer(ctx context.Context, key, from, to string, ttl time.Duration, opt backend.TransferOptions) (backend.Transferred, error) {
 	if err := b.check(); err != nil {
-		return backend.Grant{}, err
+		return backend.Transferred{}, err
 	}
 	lk, fk, _ := keys(b.opts.prefix, key)
-	res, err := b.batch.run(ctx, transferScript, []string{lk, fk}, from, to, ms(ttl)).Int64()
+	reserve := "0"
+	if opt.Reserve {
+		reserve = "1"
+	}
+	res, err := b.batch.run(ctx, transferScript, []string{lk, fk}, from, to, ms(ttl), opt.Fence, reserve).Int64Slice()
 	switch {
 	case err != nil:
-		return backend.Grant{}, storeErr("transfer", err)
-	case res == 0:
-		return backend.Grant{}, backend.ErrNotHeld
-	case res < 0:
-		return backend.Grant{}, backend.ErrTransferRefused
+		return backend.Transferred{}, storeErr("transfer", err)
+	case len(res) == 1 && res[0] == 0:
+		return backend.Transferred{}, backend.ErrNotHeld
+	case len(res) == 1 && res[0] == -1:
+		return backend.Transferred{}, backend.ErrTransferRefused
+	case len(res) != 2 || res[0] <= 0 || res[1] < 0:
+		return backend.Transferred{}, storeErr("transfer", fmt.Errorf("unexpected script reply %v", res))
 	}
-	return backend.Grant{Fence: uint64(res), TTL: granted(ttl)}, nil
+	return backend.Transferred{Fence: uint64(res[0]), TTL: granted(ttl), Next: uint64(res[1])}, nil
 }
 
 // Inspect implements backend.Inspector.

@@ -1,0 +1,210 @@
+package redis_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/distlock/lock"
+	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/internal/redistest"
+	"github.com/distlock/lock/redis"
+)
+
+// transferSpy counts the transfers package lock asks for, and can make the
+// ones with a reserved fence (handovers ahead of the store) fail.
+type transferSpy struct {
+	*redis.Backend
+	plain, reserved atomic.Int64
+	failReserved    atomic.Value // error
+}
+
+func (s *transferSpy) Transfer(ctx context.Context, key, from, to string, ttl time.Duration, opt backend.TransferOptions) (backend.Transferred, error) {
+	if opt.Fence == 0 {
+		s.plain.Add(1)
+	} else {
+		s.reserved.Add(1)
+		if err, _ := s.failReserved.Load().(error); err != nil {
+			return backend.Transferred{}, err
+		}
+	}
+	return s.Backend.Transfer(ctx, key, from, to, ttl, opt)
+}
+
+// hammer runs goroutines of locks on key for rounds each, checking that no
+// two sections overlap and that fences grow in the order sections run.
+func hammer(t *testing.T, locks *lock.Client, key string, goroutines, rounds int) {
+	t.Helper()
+	ctx := context.Background()
+	var mu sync.Mutex
+	var inside bool
+	var last uint64
+	var wg sync.WaitGroup
+	for g := 0; g < goroutines; g++ {
+		wg.Go(func() {
+			for r := 0; r < rounds; r++ {
+				l, err := locks.Acquire(ctx, key)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				if inside {
+					t.Error("two sections overlap")
+				}
+				if l.Fence() <= last {
+					t.Errorf("fence %d after %d", l.Fence(), last)
+				}
+				inside, last = true, l.Fence()
+				mu.Unlock()
+				time.Sleep(50 * time.Microsecond) // the section: lets the others queue
+				mu.Lock()
+				inside = false
+				mu.Unlock()
+				if err := l.Release(ctx); err != nil {
+					t.Errorf("release: %v", err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// Goroutines of one client queued for a key get it from each other ahead of
+// the store, with fences reserved by the transfer before: after the first
+// handoff of a run, the store sees one transfer per section and no
+// acquire, and fences still grow.
+func TestHandoverAheadOfTheStore(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	spy := &transferSpy{Backend: redis.New(newGoRedis(t, srv.Addr))}
+	locks := newLocks(t, spy)
+	const goroutines, rounds = 4, 100
+	hammer(t, locks, "handover", goroutines, rounds)
+	plain, reserved := spy.plain.Load(), spy.reserved.Load()
+	t.Logf("%d sections: %d plain transfers, %d handovers with a reserved fence", goroutines*rounds, plain, reserved)
+	if reserved < goroutines*rounds/2 {
+		t.Fatalf("%d handovers with a reserved fence in %d sections; want most sections handed over ahead of the store", reserved, goroutines*rounds)
+	}
+	h, err := spy.Inspect(context.Background(), "handover")
+	if err != nil || h.Held {
+		t.Fatalf("after the last release: %+v, %v; want the key free", h, err)
+	}
+}
+
+// When the handover's transfer fails, the goroutine that started under it
+// is told it lost the lock, and the key is freed: when the store had lost
+// the lock, and when the transfer's outcome is unknown.
+func TestFailedHandoverLosesTheLease(t *testing.T) {
+	for _, name := range []string{"deleted", "unknown"} {
+		t.Run(name, func(t *testing.T) {
+			srv := redistest.Start(t, redistest.NoPersistence)
+			spy := &transferSpy{Backend: redis.New(newGoRedis(t, srv.Addr))}
+			locks := newLocks(t, spy)
+			ctx := context.Background()
+
+			// A holds; B and C queue. A's release transfers to B with
+			// a fence reserved for B's successor; B's release then
+			// hands C the lock ahead of the store, and that fails.
+			a, err := locks.Acquire(ctx, "k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := make(chan *lock.Lease, 2)
+			for range 2 {
+				go func() {
+					l, err := locks.Acquire(ctx, "k")
+					if err != nil {
+						t.Error(err)
+					}
+					got <- l
+				}()
+			}
+			waitQueued(t, locks, "k", 2)
+			if err := a.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			b := <-got
+			if name == "deleted" {
+				// The store lost B's lock: the handover finds it
+				// gone.
+				if err := newGoRedis(t, srv.Addr).Del(ctx, "lock:{k}").Err(); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				spy.failReserved.Store(errors.New("connection reset"))
+			}
+			if err := b.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			c := <-got
+			select {
+			case <-c.Done():
+			case <-time.After(10 * time.Second):
+				t.Fatal("the lease started under a failed handover was not lost")
+			}
+			if !errors.Is(c.Err(), lock.ErrLost) {
+				t.Fatalf("Err after a failed handover: %v; want ErrLost", c.Err())
+			}
+			// The key is freed: another client takes it.
+			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			l, err := newLocks(t, redis.New(newGoRedis(t, srv.Addr))).Acquire(wctx, "k")
+			if err != nil {
+				t.Fatalf("another client after the failed handover: %v", err)
+			}
+			if l.Fence() <= b.Fence() {
+				t.Errorf("fence %d after %d", l.Fence(), b.Fence())
+			}
+			l.Release(ctx)
+			if n := spy.reserved.Load(); n != 1 {
+				t.Errorf("%d handovers with a reserved fence; want 1", n)
+			}
+		})
+	}
+}
+
+// waitQueued waits until n goroutines of locks wait for key.
+func waitQueued(t *testing.T, locks *lock.Client, key string, n int) {
+	t.Helper()
+	for locks.Waiting(key) < n {
+		time.Sleep(time.Millisecond) // poll the queue
+	}
+}
+
+// Goroutines of one client handing a key among themselves ahead of the store
+// do not keep a waiter in another process out.
+func TestHandoverLetsOtherProcessesIn(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	locks := newLocks(t, redis.New(newGoRedis(t, srv.Addr)))
+	other := newLocks(t, redis.New(newGoRedis(t, srv.Addr)))
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer stop()
+	for g := 0; g < 4; g++ {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				l, err := locks.Acquire(ctx, "busy")
+				if err != nil {
+					return
+				}
+				time.Sleep(100 * time.Microsecond)
+				l.Release(context.Background())
+			}
+		})
+	}
+	for i := 0; i < 5; i++ {
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		l, err := other.Acquire(wctx, "busy")
+		cancel()
+		if err != nil {
+			t.Fatal(fmt.Errorf("acquire %d by another client while 4 goroutines of one client churn: %w", i, err))
+		}
+		l.Release(ctx)
+	}
+}
