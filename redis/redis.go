@@ -143,19 +143,22 @@ func New(rdb Client, opts ...Option) *Backend {
 	return &Backend{rdb: rdb, batch: newBatcher(rdb), opts: o, notify: newNotifier(rdb)}
 }
 
-// keys returns the Redis keys of a lock: the lock key, its fence counter and
-// the channel its releases are published on. The user's key is the hash tag,
-// so all three live in one Cluster slot. A key with a brace in it would
-// change the tag, so it is replaced by its SHA-1.
-func keys(prefix, key string) (lockKey, fenceKey, channel string) {
+// keys returns the Redis keys of a lock: the lock key and its fence
+// counter. The user's key is the hash tag, so both (and the channel, see
+// channelOf) live in one Cluster slot. A key with a brace in it would change
+// the tag, so it is replaced by its SHA-1. Both keys share one allocation.
+func keys(prefix, key string) (lockKey, fenceKey string) {
 	tag := key
 	if strings.ContainsAny(key, "{}") {
 		sum := sha1.Sum([]byte(key))
 		tag = hex.EncodeToString(sum[:])
 	}
-	lockKey = prefix + "{" + tag + "}"
-	return lockKey, lockKey + ":fence", lockKey + ":released"
+	fenceKey = prefix + "{" + tag + "}:fence"
+	return fenceKey[:len(fenceKey)-len(":fence")], fenceKey
 }
+
+// channelOf returns the channel a lock's releases are published on.
+func channelOf(lockKey string) string { return lockKey + ":released" }
 
 // ms converts a TTL to whole milliseconds, rounding up: the store never
 // expires a lock before the requested TTL.
@@ -274,7 +277,7 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	if err := b.check(); err != nil {
 		return backend.Grant{}, err
 	}
-	lk, fk, _ := keys(b.opts.prefix, key)
+	lk, fk := keys(b.opts.prefix, key)
 	res, err := b.batch.run(ctx, acquireScript, []string{lk, fk}, token, ms(ttl)).Int64()
 	if err != nil {
 		return backend.Grant{}, storeErr("acquire", err)
@@ -300,7 +303,7 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 	if err := b.check(); err != nil {
 		return backend.Grant{}, err
 	}
-	lk, _, _ := keys(b.opts.prefix, key)
+	lk, _ := keys(b.opts.prefix, key)
 	ok, err := b.batch.run(ctx, renewScript, []string{lk}, token, ms(ttl)).Int64()
 	if err != nil {
 		return backend.Grant{}, storeErr("renew", err)
@@ -316,7 +319,8 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 	if err := b.check(); err != nil {
 		return err
 	}
-	lk, _, ch := keys(b.opts.prefix, key)
+	lk, _ := keys(b.opts.prefix, key)
+	ch := channelOf(lk)
 	n, err := b.batch.run(ctx, releaseScript, []string{lk}, token, ch, releaseID()).Int64()
 	if err != nil {
 		return storeErr("release", err)
@@ -333,7 +337,7 @@ func (b *Backend) Transfer(ctx context.Context, key, from, to string, ttl time.D
 	if err := b.check(); err != nil {
 		return backend.Transferred{}, err
 	}
-	lk, fk, _ := keys(b.opts.prefix, key)
+	lk, fk := keys(b.opts.prefix, key)
 	reserve := "0"
 	if opt.Reserve {
 		reserve = "1"
@@ -357,7 +361,7 @@ func (b *Backend) Inspect(ctx context.Context, key string) (backend.Holder, erro
 	if err := b.check(); err != nil {
 		return backend.Holder{}, err
 	}
-	lk, fk, _ := keys(b.opts.prefix, key)
+	lk, fk := keys(b.opts.prefix, key)
 	return inspect(ctx, b.rdb, lk, fk)
 }
 
@@ -381,7 +385,8 @@ func (b *Backend) Watch(ctx context.Context, key string) (backend.Watch, error) 
 	if err := b.check(); err != nil {
 		return nil, err
 	}
-	_, _, ch := keys(b.opts.prefix, key)
+	lk, _ := keys(b.opts.prefix, key)
+	ch := channelOf(lk)
 	return b.notify.watch(ctx, ch)
 }
 

@@ -160,7 +160,8 @@ func (r *Redlock) Acquire(ctx context.Context, key, token string, ttl time.Durat
 		return backend.Grant{}, err
 	}
 	start := time.Now()
-	lk, fk, ch := keys(r.opts.prefix, key)
+	lk, fk := keys(r.opts.prefix, key)
+	ch := channelOf(lk)
 	counters := make([]int64, len(r.nodes))
 	pttls := make([]int64, len(r.nodes))
 	holders := make([]string, len(r.nodes))
@@ -292,7 +293,7 @@ func (r *Redlock) Renew(ctx context.Context, key, token string, ttl time.Duratio
 	if err := r.check(); err != nil {
 		return backend.Grant{}, err
 	}
-	lk, _, _ := keys(r.opts.prefix, key)
+	lk, _ := keys(r.opts.prefix, key)
 	notHeld := 0
 	var mu sync.Mutex
 	errs := r.each(ctx, ttl, func(ctx context.Context, i int, n Client) error {
@@ -320,7 +321,8 @@ func (r *Redlock) Release(ctx context.Context, key, token string) error {
 	if err := r.check(); err != nil {
 		return err
 	}
-	lk, _, ch := keys(r.opts.prefix, key)
+	lk, _ := keys(r.opts.prefix, key)
+	ch := channelOf(lk)
 	var released, notHeld atomic.Int64
 	id := releaseID()
 	errs := r.each(ctx, 0, func(ctx context.Context, i int, n Client) error {
@@ -350,7 +352,7 @@ func (r *Redlock) Inspect(ctx context.Context, key string) (backend.Holder, erro
 	if err := r.check(); err != nil {
 		return backend.Holder{}, err
 	}
-	lk, fk, _ := keys(r.opts.prefix, key)
+	lk, fk := keys(r.opts.prefix, key)
 	holders := make([]backend.Holder, len(r.nodes))
 	errs := r.each(ctx, 0, func(ctx context.Context, i int, n Client) (err error) {
 		holders[i], err = inspect(ctx, n, lk, fk)
@@ -389,7 +391,8 @@ func (r *Redlock) Watch(ctx context.Context, key string) (backend.Watch, error) 
 	if err := r.check(); err != nil {
 		return nil, err
 	}
-	_, _, ch := keys(r.opts.prefix, key)
+	lk, _ := keys(r.opts.prefix, key)
+	ch := channelOf(lk)
 	return r.notify.watch(ctx, ch)
 }
 
