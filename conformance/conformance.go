@@ -79,6 +79,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"BadInput", s.badInput},
 		{"TryAcquireRace", s.tryAcquireRace},
 		{"MutualExclusion", s.mutualExclusion},
+		{"SharedClient", s.sharedClient},
 		{"FencesSequential", s.fencesSequential},
 		{"FencesContended", s.fencesContended},
 		{"StaleOwner", s.staleOwner},
@@ -89,6 +90,13 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"LostSignal", s.lostSignal},
 		{"CancelWhileStoreHangs", s.cancelWhileStoreHangs},
 		{"FenceAfterRestart", s.fenceAfterRestart},
+	}
+	if s.transfers(t) {
+		// Only for stores that can pass a lock between owners.
+		cases = append(cases[:1], append([]struct {
+			name string
+			run  func(*testing.T)
+		}{{"Transfer", s.transfer}}, cases[1:]...)...)
 	}
 	for _, c := range cases {
 		t.Run(c.name, c.run)

@@ -1,0 +1,106 @@
+package conformance
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/distlock/lock/backend"
+)
+
+// transfers reports whether the store's backend implements
+// backend.Transferer; the Transfer case runs only then.
+func (s *suite) transfers(t *testing.T) bool {
+	b := s.backend(t)
+	defer b.Close()
+	_, ok := b.(backend.Transferer)
+	return ok
+}
+
+// transfer checks the backend.Transferer contract directly on the store:
+// fences, reserved fences, refusal when an owner elsewhere waits, and no
+// change on a refused or misaddressed transfer.
+func (s *suite) transfer(t *testing.T) {
+	ctx := s.ctx(t)
+	key := s.key(t)
+	b := s.backend(t)
+	defer b.Close()
+	tr := b.(backend.Transferer)
+	other := s.backend(t) // another process
+	defer other.Close()
+	ttl := s.long
+
+	holds := func(token string) {
+		t.Helper()
+		if _, err := b.Renew(ctx, key, token, ttl); err != nil {
+			t.Fatalf("renew by %s, which should hold the key: %v", token, err)
+		}
+	}
+	g, err := b.Acquire(ctx, key, "a", ttl)
+	if err != nil {
+		t.Fatalf("acquire: %v", err)
+	}
+
+	// A transfer from a token that does not hold the key changes nothing.
+	if _, err := tr.Transfer(ctx, key, "x", "y", ttl, backend.TransferOptions{}); !errors.Is(err, backend.ErrNotHeld) {
+		t.Fatalf("transfer from a token that does not hold the key: %v; want ErrNotHeld", err)
+	}
+	holds("a")
+
+	// A plain transfer takes a new fence and can reserve the next one.
+	ab, err := tr.Transfer(ctx, key, "a", "b", ttl, backend.TransferOptions{Reserve: true})
+	if err != nil {
+		t.Fatalf("transfer a to b: %v", err)
+	}
+	if ab.Fence <= g.Fence || ab.Next <= ab.Fence {
+		t.Fatalf("transfer a to b: fence %d, next %d after fence %d; want fence > %d and next > fence", ab.Fence, ab.Next, g.Fence, g.Fence)
+	}
+	holds("b")
+	if _, err := b.Renew(ctx, key, "a", ttl); !errors.Is(err, backend.ErrNotHeld) {
+		t.Fatalf("renew by the previous owner after a transfer: %v; want ErrNotHeld", err)
+	}
+
+	// A transfer with the reserved fence gives exactly that fence.
+	bc, err := tr.Transfer(ctx, key, "b", "c", ttl, backend.TransferOptions{Fence: ab.Next, Reserve: true})
+	if err != nil {
+		t.Fatalf("transfer b to c with the reserved fence: %v", err)
+	}
+	if bc.Fence != ab.Next || bc.Next <= bc.Fence {
+		t.Fatalf("transfer b to c with fence %d reserved: got fence %d, next %d", ab.Next, bc.Fence, bc.Next)
+	}
+	holds("c")
+
+	// An owner elsewhere asks for the key: a plain transfer is refused and
+	// changes nothing; one with a reserved fence goes ahead but reserves
+	// nothing more, so that the lock goes back to the store next.
+	var locked *backend.LockedError
+	if _, err := other.Acquire(ctx, key, "w", ttl); !errors.As(err, &locked) && !errors.Is(err, backend.ErrLocked) {
+		t.Fatalf("acquire by another owner while c holds the key: %v; want a LockedError", err)
+	}
+	if _, err := tr.Transfer(ctx, key, "c", "d", ttl, backend.TransferOptions{Reserve: true}); !errors.Is(err, backend.ErrTransferRefused) {
+		t.Fatalf("plain transfer while another owner waits: %v; want ErrTransferRefused", err)
+	}
+	holds("c")
+	cd, err := tr.Transfer(ctx, key, "c", "d", ttl, backend.TransferOptions{Fence: bc.Next, Reserve: true})
+	if err != nil {
+		t.Fatalf("transfer c to d with the reserved fence while another owner waits: %v", err)
+	}
+	if cd.Fence != bc.Next || cd.Next != 0 {
+		t.Fatalf("transfer c to d with fence %d reserved while another owner waits: got fence %d, next %d; want next 0", bc.Next, cd.Fence, cd.Next)
+	}
+	holds("d")
+
+	// The waiter gets the key after d's release, with a fence above all.
+	if err := b.Release(ctx, key, "d"); err != nil {
+		t.Fatalf("release by d: %v", err)
+	}
+	w, err := other.Acquire(ctx, key, "w", ttl)
+	if err != nil {
+		t.Fatalf("acquire by the waiting owner after the release: %v", err)
+	}
+	if w.Fence <= cd.Fence || w.Fence <= bc.Next {
+		t.Fatalf("fence %d after the transfers (last fence %d, reserved %d); want above both", w.Fence, cd.Fence, bc.Next)
+	}
+	if err := other.Release(ctx, key, "w"); err != nil {
+		t.Fatalf("release by the waiter: %v", err)
+	}
+}
