@@ -30,9 +30,11 @@ const confirmTimeout = 2 * time.Second
 var errNoConfirmation = errors.New("redis: no node confirmed the subscription to release notifications")
 
 // notifier turns release messages on one or more Redis nodes into wake-ups.
-// The release script publishes a random id per release on the key's channel. Each release wakes the longest-waiting local watcher of the key,
-// once, even when several nodes (Redlock) publish it; a woken watcher that
-// leaves without the key passes the wake-up on.
+// A release publishes an id unique to it on the key's channel: the released
+// token on one node, a random id sent to every node with Redlock. Each
+// release wakes the longest-waiting local watcher of the key, once, even
+// when several nodes publish it; a woken watcher that leaves without the key
+// passes the wake-up on.
 type notifier struct {
 	nodes []*pubsubNode
 

@@ -53,8 +53,6 @@ import (
 	"crypto/sha1"
 	"encoding/hex"
 	"fmt"
-	"math/rand/v2"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -200,11 +198,10 @@ if v ~= ARGV[1] and v ~= ARGV[1] .. '+' then
 end
 return redis.call('PEXPIRE', KEYS[1], ARGV[2])`)
 
-	// releaseScript: KEYS = lock; ARGV = token, channel, release id.
-	// Returns 1 when it deleted the lock, 0 when token did not hold it.
-	// Publishes the release id on the channel when a waiter marked the
-	// lock; Redlock sends one id to all nodes, so that waiters wake once
-	// per release.
+	// releaseScript: KEYS = lock; ARGV = token. Returns 1 when it deleted
+	// the lock, 0 when token did not hold it. When a waiter marked the
+	// lock it publishes the token, unique to this acquisition and so to
+	// this release, on the lock's channel (channelOf).
 	releaseScript = goredis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if v == ARGV[1] then
@@ -213,7 +210,7 @@ if v == ARGV[1] then
 end
 if v == ARGV[1] .. '+' then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], ARGV[3])
+  redis.call('PUBLISH', KEYS[1] .. ':released', ARGV[1])
   return 1
 end
 return 0`)
@@ -288,11 +285,6 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	return backend.Grant{Fence: uint64(res), TTL: granted(ttl)}, nil
 }
 
-// releaseID returns a random id for one release, published to waiters.
-func releaseID() string {
-	return strconv.FormatUint(rand.Uint64(), 36)
-}
-
 // granted is the TTL the store enforces: ttl rounded up to milliseconds.
 func granted(ttl time.Duration) time.Duration {
 	return time.Duration(ms(ttl)) * time.Millisecond
@@ -320,8 +312,7 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 		return err
 	}
 	lk, _ := keys(b.opts.prefix, key)
-	ch := channelOf(lk)
-	n, err := b.batch.run(ctx, releaseScript, []string{lk}, token, ch, releaseID()).Int64()
+	n, err := b.batch.run(ctx, releaseScript, []string{lk}, token).Int64()
 	if err != nil {
 		return storeErr("release", err)
 	}

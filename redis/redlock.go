@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -101,6 +103,22 @@ else
 end
 return {0, redis.call('PTTL', KEYS[1]), c, v}`)
 
+	// redlockReleaseScript: KEYS = lock; ARGV = token, channel, release
+	// id. As releaseScript, but it publishes the release id, which the
+	// release sends to every node: waiters wake once per release.
+	redlockReleaseScript = goredis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+if v == ARGV[1] .. '+' then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], ARGV[3])
+  return 1
+end
+return 0`)
+
 	// raiseScript: KEYS = lock, fence; ARGV = token, fence.
 	// Raises the counter to the fence if token holds the lock. Returns 1,
 	// or 0 when token does not hold the lock.
@@ -149,6 +167,11 @@ func (r *Redlock) check() error {
 		return backend.ErrClosed
 	}
 	return nil
+}
+
+// releaseID returns a random id for one release, published to waiters.
+func releaseID() string {
+	return strconv.FormatUint(rand.Uint64(), 36)
 }
 
 // errLockedHere marks a node where another owner holds the lock.
@@ -246,7 +269,7 @@ func (r *Redlock) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	// context that outlives ctx's end: nothing may be left behind.
 	id := releaseID()
 	r.each(context.WithoutCancel(ctx), ttl, func(ctx context.Context, i int, n Client) error {
-		return releaseScript.Run(ctx, n, []string{lk}, token, ch, id).Err()
+		return redlockReleaseScript.Run(ctx, n, []string{lk}, token, ch, id).Err()
 	})
 	switch {
 	case heldElsewhere:
@@ -326,7 +349,7 @@ func (r *Redlock) Release(ctx context.Context, key, token string) error {
 	var released, notHeld atomic.Int64
 	id := releaseID()
 	errs := r.each(ctx, 0, func(ctx context.Context, i int, n Client) error {
-		k, err := releaseScript.Run(ctx, n, []string{lk}, token, ch, id).Int64()
+		k, err := redlockReleaseScript.Run(ctx, n, []string{lk}, token, ch, id).Int64()
 		switch {
 		case err != nil:
 			return err
