@@ -129,7 +129,8 @@ func (l *Lease) TTL() time.Duration { return l.ttl }
 
 // Deadline returns when the lease stops being valid unless renewed: the send
 // time of the last successful acquire or renew request, plus the TTL, minus
-// the drift allowance, on the client's clock.
+// the drift allowance, on the client's clock. A lease handed over ahead of
+// the store (see Client.Acquire) starts with the previous holder's deadline.
 func (l *Lease) Deadline() time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
