@@ -1,7 +1,10 @@
 // Command bench measures the Redis backend of github.com/distlock/lock beside
 // its peers, bsm/redislock and go-redsync/redsync, and beside a floor written
 // here (a bare go-redis SET NX PX, then a compare-and-delete script, no
-// library), all against one redis-server this program starts, in one run.
+// library), all against one redis-server this program starts, in one run. A
+// second floor runs the library's own protocol without the library (a Lua
+// SET NX PX plus fence INCR, then the same compare-and-delete script), to
+// tell the cost of the protocol from the cost of the library.
 //
 //	cd bench && go run .
 //
@@ -60,6 +63,7 @@ var peers = []peer{
 	{"bsm/redislock", newRedislock},
 	{"redsync (default retry)", newRedsync(0)},
 	{"redsync (1ms retry)", newRedsync(time.Millisecond)},
+	{"floor + fence (bare go-redis, Lua)", newFencedFloor},
 	{"floor (bare go-redis)", newFloor},
 }
 
@@ -177,8 +181,13 @@ func (p floorPeer) try(ctx context.Context, key string) (func(context.Context) e
 }
 
 func (p floorPeer) wait(ctx context.Context, key string) (func(context.Context) error, error) {
+	return pollEveryMillisecond(ctx, key, p.try)
+}
+
+// pollEveryMillisecond waits for key by trying every millisecond.
+func pollEveryMillisecond(ctx context.Context, key string, try func(context.Context, string) (func(context.Context) error, error)) (func(context.Context) error, error) {
 	for {
-		unlock, err := p.try(ctx, key)
+		unlock, err := try(ctx, key)
 		if err == nil {
 			return unlock, nil
 		}
@@ -187,6 +196,35 @@ func (p floorPeer) wait(ctx context.Context, key string) (func(context.Context) 
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// --- the floor with a fence: the protocol package redis runs, with no
+// library around it. Its acquire is one Lua script doing SET NX PX and the
+// fence INCR, as the issue asks; it shows what the fence and the script cost
+// against the bare floor, apart from the library.
+
+type fencedFloorPeer struct{ rdb *goredis.Client }
+
+var fencedAcquire = goredis.NewScript(`if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return redis.call('INCR', KEYS[2]) end return 0`)
+
+func newFencedFloor(rdb *goredis.Client) locker { return fencedFloorPeer{rdb} }
+
+func (p fencedFloorPeer) try(ctx context.Context, key string) (func(context.Context) error, error) {
+	token := fmt.Sprint(floorTokens.Add(1))
+	fence, err := fencedAcquire.Run(ctx, p.rdb, []string{key, key + ":fence"}, token, ttl.Milliseconds()).Int64()
+	if err != nil {
+		return nil, err
+	}
+	if fence == 0 {
+		return nil, errors.New("locked")
+	}
+	return func(ctx context.Context) error {
+		return floorRelease.Run(ctx, p.rdb, []string{key}, token).Err()
+	}, nil
+}
+
+func (p fencedFloorPeer) wait(ctx context.Context, key string) (func(context.Context) error, error) {
+	return pollEveryMillisecond(ctx, key, p.try)
 }
 
 // --- measurement
@@ -398,6 +436,9 @@ func main() {
 	if want("one") {
 		check("one goroutine vs bsm/redislock", lockR.one/redislockR.one, 1.0, "x", true)
 		check("one goroutine vs floor", lockR.one/floorR.one, 0.9, "x", true)
+		fenced := res[len(res)-2]
+		fmt.Printf("  %-44s %8.2fx (the library's own protocol, no library)\n", "one goroutine, floor + fence vs floor", fenced.one/floorR.one)
+		fmt.Printf("  %-44s %8.2fx (what the library adds to its protocol)\n", "one goroutine vs floor + fence", lockR.one/fenced.one)
 	}
 	if want("own") {
 		check("32 goroutines vs bsm/redislock", lockR.own/redislockR.own, 1.0, "x", true)

@@ -17,7 +17,21 @@
 // one slot. Renew and release are compare-by-token scripts; release also
 // PUBLISHes on the key's channel, and waiters subscribed to it wake at once
 // instead of polling. Scripts run with EVALSHA and fall back to EVAL when the
-// server's script cache was flushed.
+// server's script cache was flushed. An acquire that go-redis retried after
+// a lost reply finds its own token and reports the lock as taken.
+//
+// Concurrent calls share round trips: while four requests are on the wire,
+// further calls queue and go out together as one pipeline when a request
+// comes back, so the system calls per script fall with the load. A single
+// goroutine sends one request per call.
+//
+// The backend implements backend.Transferer: package lock hands a released
+// lock to the next goroutine of the same client waiting for the key, and
+// each transfer reserves the fence of the holder after it, so that later
+// handoffs start ahead of the store (see lock.Client.Acquire). A waiter in
+// another process marks the lock it finds held; a marked lock is not
+// transferred without a reserved fence, and its release publishes a
+// wake-up.
 //
 // # Guarantees by server configuration
 //
