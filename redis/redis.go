@@ -212,10 +212,12 @@ if v ~= ARGV[1] and v ~= ARGV[1] .. '+' then
 end
 return redis.call('PEXPIRE', KEYS[1], ARGV[2])`)
 
-	// releaseScript: KEYS = lock; ARGV = token. Returns 1 when it deleted
-	// the lock, 0 when token did not hold it. When a waiter marked the
-	// lock it publishes the token, unique to this acquisition and so to
-	// this release, on the lock's channel (channelOf).
+	// releaseScript: KEYS = lock; ARGV = token[, channel, release id].
+	// Returns 1 when it deleted the lock, 0 when token did not hold it.
+	// When a waiter marked the lock it publishes a release id on the
+	// lock's channel: by default the token, unique to this acquisition and
+	// so to this release, on channelOf(KEYS[1]); Redlock passes both, and
+	// sends one id to all nodes, so that waiters wake once per release.
 	releaseScript = goredis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if v == ARGV[1] then
@@ -224,7 +226,7 @@ if v == ARGV[1] then
 end
 if v == ARGV[1] .. '+' then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', KEYS[1] .. ':released', ARGV[1])
+  redis.call('PUBLISH', ARGV[2] or KEYS[1] .. ':released', ARGV[3] or ARGV[1])
   return 1
 end
 return 0`)

@@ -103,22 +103,6 @@ else
 end
 return {0, redis.call('PTTL', KEYS[1]), c, v}`)
 
-	// redlockReleaseScript: KEYS = lock; ARGV = token, channel, release
-	// id. As releaseScript, but it publishes the release id, which the
-	// release sends to every node: waiters wake once per release.
-	redlockReleaseScript = goredis.NewScript(`
-local v = redis.call('GET', KEYS[1])
-if v == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  return 1
-end
-if v == ARGV[1] .. '+' then
-  redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], ARGV[3])
-  return 1
-end
-return 0`)
-
 	// raiseScript: KEYS = lock, fence; ARGV = token, fence.
 	// Raises the counter to the fence if token holds the lock. Returns 1,
 	// or 0 when token does not hold the lock.
@@ -269,7 +253,7 @@ func (r *Redlock) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	// context that outlives ctx's end: nothing may be left behind.
 	id := releaseID()
 	r.each(context.WithoutCancel(ctx), ttl, func(ctx context.Context, i int, n Client) error {
-		return redlockReleaseScript.Run(ctx, n, []string{lk}, token, ch, id).Err()
+		return releaseScript.Run(ctx, n, []string{lk}, token, ch, id).Err()
 	})
 	switch {
 	case heldElsewhere:
@@ -349,7 +333,7 @@ func (r *Redlock) Release(ctx context.Context, key, token string) error {
 	var released, notHeld atomic.Int64
 	id := releaseID()
 	errs := r.each(ctx, 0, func(ctx context.Context, i int, n Client) error {
-		k, err := redlockReleaseScript.Run(ctx, n, []string{lk}, token, ch, id).Int64()
+		k, err := releaseScript.Run(ctx, n, []string{lk}, token, ch, id).Int64()
 		switch {
 		case err != nil:
 			return err
