@@ -46,6 +46,7 @@ import (
 // at all.
 type Redlock struct {
 	nodes  []Client
+	batch  []*batcher // one per node
 	quorum int
 	opts   options
 	notify *notifier
@@ -82,7 +83,11 @@ func NewRedlock(nodes []Client, opts ...Option) (*Redlock, error) {
 	if o.nodeTimeout < 0 {
 		return nil, fmt.Errorf("%w: redis: node timeout %v must be >= 0 (0: derived from the TTL)", backend.ErrInvalid, o.nodeTimeout)
 	}
-	return &Redlock{nodes: slices.Clone(nodes), quorum: len(nodes)/2 + 1, opts: o, notify: newNotifier(subs...)}, nil
+	batch := make([]*batcher, len(nodes))
+	for i, n := range nodes {
+		batch[i] = newBatcher(n)
+	}
+	return &Redlock{nodes: slices.Clone(nodes), batch: batch, quorum: len(nodes)/2 + 1, opts: o, notify: newNotifier(subs...)}, nil
 }
 
 var (
@@ -131,11 +136,11 @@ func (r *Redlock) nodeTimeout(ttl time.Duration) time.Duration {
 
 // each runs f on every node in parallel, each call bounded by the node
 // timeout for ttl, and returns the per-node errors.
-func (r *Redlock) each(ctx context.Context, ttl time.Duration, f func(ctx context.Context, i int, n Client) error) []error {
+func (r *Redlock) each(ctx context.Context, ttl time.Duration, f func(ctx context.Context, i int, n *batcher) error) []error {
 	errs := make([]error, len(r.nodes))
 	var wg sync.WaitGroup
 	timeout := r.nodeTimeout(ttl)
-	for i, n := range r.nodes {
+	for i, n := range r.batch {
 		wg.Go(func() {
 			nctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
@@ -172,8 +177,8 @@ func (r *Redlock) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	counters := make([]int64, len(r.nodes))
 	pttls := make([]int64, len(r.nodes))
 	holders := make([]string, len(r.nodes))
-	errs := r.each(ctx, ttl, func(ctx context.Context, i int, n Client) error {
-		res, err := redlockAcquireScript.Run(ctx, n, []string{lk, fk}, token, ms(ttl)).Slice()
+	errs := r.each(ctx, ttl, func(ctx context.Context, i int, n *batcher) error {
+		res, err := n.run(ctx, redlockAcquireScript, []string{lk, fk}, token, ms(ttl)).Slice()
 		if err != nil {
 			return err
 		}
@@ -223,11 +228,11 @@ func (r *Redlock) Acquire(ctx context.Context, key, token string, ttl time.Durat
 
 	if nGranted >= r.quorum {
 		raised := 0
-		rerrs := r.each(ctx, ttl, func(ctx context.Context, i int, n Client) error {
+		rerrs := r.each(ctx, ttl, func(ctx context.Context, i int, n *batcher) error {
 			if errs[i] != nil {
 				return errs[i]
 			}
-			ok, err := raiseScript.Run(ctx, n, []string{lk, fk}, token, fence).Int64()
+			ok, err := n.run(ctx, raiseScript, []string{lk, fk}, token, fence).Int64()
 			if err == nil && ok == 0 {
 				err = errors.New("lock expired before the fence was raised")
 			}
@@ -252,8 +257,8 @@ func (r *Redlock) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	// No quorum: undo what was taken, on every node (token-checked), on a
 	// context that outlives ctx's end: nothing may be left behind.
 	id := releaseID()
-	r.each(context.WithoutCancel(ctx), ttl, func(ctx context.Context, i int, n Client) error {
-		return releaseScript.Run(ctx, n, []string{lk}, token, ch, id).Err()
+	r.each(context.WithoutCancel(ctx), ttl, func(ctx context.Context, i int, n *batcher) error {
+		return n.run(ctx, releaseScript, []string{lk}, token, ch, id).Err()
 	})
 	switch {
 	case heldElsewhere:
@@ -303,8 +308,8 @@ func (r *Redlock) Renew(ctx context.Context, key, token string, ttl time.Duratio
 	lk, _ := keys(r.opts.prefix, key)
 	notHeld := 0
 	var mu sync.Mutex
-	errs := r.each(ctx, ttl, func(ctx context.Context, i int, n Client) error {
-		ok, err := renewScript.Run(ctx, n, []string{lk}, token, ms(ttl)).Int64()
+	errs := r.each(ctx, ttl, func(ctx context.Context, i int, n *batcher) error {
+		ok, err := n.run(ctx, renewScript, []string{lk}, token, ms(ttl)).Int64()
 		if err == nil && ok == 0 {
 			mu.Lock()
 			notHeld++
@@ -332,8 +337,8 @@ func (r *Redlock) Release(ctx context.Context, key, token string) error {
 	ch := channelOf(lk)
 	var released, notHeld atomic.Int64
 	id := releaseID()
-	errs := r.each(ctx, 0, func(ctx context.Context, i int, n Client) error {
-		k, err := releaseScript.Run(ctx, n, []string{lk}, token, ch, id).Int64()
+	errs := r.each(ctx, 0, func(ctx context.Context, i int, n *batcher) error {
+		k, err := n.run(ctx, releaseScript, []string{lk}, token, ch, id).Int64()
 		switch {
 		case err != nil:
 			return err
@@ -361,8 +366,8 @@ func (r *Redlock) Inspect(ctx context.Context, key string) (backend.Holder, erro
 	}
 	lk, fk := keys(r.opts.prefix, key)
 	holders := make([]backend.Holder, len(r.nodes))
-	errs := r.each(ctx, 0, func(ctx context.Context, i int, n Client) (err error) {
-		holders[i], err = inspect(ctx, n, lk, fk)
+	errs := r.each(ctx, 0, func(ctx context.Context, i int, n *batcher) (err error) {
+		holders[i], err = inspect(ctx, n.rdb, lk, fk)
 		return err
 	})
 	votes := map[string][]backend.Holder{}
