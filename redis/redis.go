@@ -22,8 +22,8 @@
 //
 // Concurrent calls share round trips: while four requests are on the wire,
 // further calls queue and go out together as one pipeline when a request
-// comes back, so the system calls per script fall with the load. A single
-// goroutine sends one request per call.
+// comes back, so the system calls per script fall with the load (Redlock:
+// on each node). A single goroutine sends one request per call.
 //
 // The backend implements backend.Transferer: package lock hands a released
 // lock to the next goroutine of the same client waiting for the key, and
