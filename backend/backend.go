@@ -181,6 +181,11 @@ type Transferer interface {
 	// Transferred.Next: greater than every fence granted so far, and less
 	// than every fence granted after it; Next is 0 when an owner outside
 	// this client waits for the key.
+	//
+	// A transfer sent again after it took effect (a client library's
+	// retry after a lost reply) succeeds, with a fence for to that is
+	// still above every earlier holder's and below every later one's,
+	// and Next 0.
 	Transfer(ctx context.Context, key, from, to string, ttl time.Duration, opt TransferOptions) (Transferred, error)
 }
 

@@ -58,6 +58,16 @@ func (s *suite) transfer(t *testing.T) {
 	if _, err := b.Renew(ctx, key, "a", ttl); !errors.Is(err, backend.ErrNotHeld) {
 		t.Fatalf("renew by the previous owner after a transfer: %v; want ErrNotHeld", err)
 	}
+	// The same transfer sent again (a retry after a lost reply) succeeds
+	// without reserving anything; to's fence stays between its neighbours.
+	again, err := tr.Transfer(ctx, key, "a", "b", ttl, backend.TransferOptions{Reserve: true})
+	if err != nil {
+		t.Fatalf("transfer a to b sent again: %v; want it to report the transfer that took effect", err)
+	}
+	if again.Fence <= g.Fence || again.Fence > ab.Next || again.Next != 0 {
+		t.Fatalf("transfer a to b sent again: fence %d, next %d; want a fence in (%d, %d] and next 0", again.Fence, again.Next, g.Fence, ab.Next)
+	}
+	holds("b")
 
 	// A transfer with the reserved fence gives exactly that fence.
 	bc, err := tr.Transfer(ctx, key, "b", "c", ttl, backend.TransferOptions{Fence: ab.Next, Reserve: true})
@@ -68,6 +78,9 @@ func (s *suite) transfer(t *testing.T) {
 		t.Fatalf("transfer b to c with fence %d reserved: got fence %d, next %d", ab.Next, bc.Fence, bc.Next)
 	}
 	holds("c")
+	if again, err := tr.Transfer(ctx, key, "b", "c", ttl, backend.TransferOptions{Fence: ab.Next, Reserve: true}); err != nil || again.Fence != ab.Next || again.Next != 0 {
+		t.Fatalf("transfer b to c with fence %d sent again: fence %d, next %d, %v; want fence %d, next 0", ab.Next, again.Fence, again.Next, err, ab.Next)
+	}
 
 	// An owner elsewhere asks for the key: a plain transfer is refused and
 	// changes nothing; one with a reserved fence goes ahead but reserves

@@ -237,9 +237,20 @@ return 0`)
 	// the lock; {-1} when a waiter marked it and no fence was reserved (the
 	// lock is then left alone); otherwise {to's fence, the reserved fence
 	// or 0}. A marked lock passed on with a reserved fence stays marked,
-	// and nothing is reserved on it.
+	// and nothing is reserved on it. A transfer sent again after it took
+	// effect (go-redis retried it after a lost reply) finds to holding the
+	// lock and returns to's fence: the reserved one, or the counter, which
+	// nothing else raises while to holds the lock (so it is at least to's
+	// fence and below every later one); it reserves nothing.
 	transferScript = goredis.NewScript(`
 local v = redis.call('GET', KEYS[1])
+if v == ARGV[2] or v == ARGV[2] .. '+' then
+  local f = tonumber(ARGV[4])
+  if f == 0 then
+    f = tonumber(redis.call('GET', KEYS[2]))
+  end
+  return {f, 0}
+end
 local marked = false
 if v ~= ARGV[1] then
   if v ~= ARGV[1] .. '+' then
