@@ -183,9 +183,7 @@ type Transferer interface {
 	// this client waits for the key.
 	//
 	// A transfer sent again after it took effect (a client library's
-	// retry after a lost reply) succeeds, with a fence for to that is
-	// still above every earlier holder's and below every later one's,
-	// and Next 0.
+	// retry after a lost reply) succeeds with to's fence and Next 0.
 	Transfer(ctx context.Context, key, from, to string, ttl time.Duration, opt TransferOptions) (Transferred, error)
 }
 

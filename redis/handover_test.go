@@ -21,6 +21,7 @@ type transferSpy struct {
 	*redis.Backend
 	plain, reserved atomic.Int64
 	failReserved    atomic.Value // error
+	holdReserved    atomic.Value // chan struct{}: a handover waits for it to close
 }
 
 func (s *transferSpy) Transfer(ctx context.Context, key, from, to string, ttl time.Duration, opt backend.TransferOptions) (backend.Transferred, error) {
@@ -30,6 +31,9 @@ func (s *transferSpy) Transfer(ctx context.Context, key, from, to string, ttl ti
 		s.reserved.Add(1)
 		if err, _ := s.failReserved.Load().(error); err != nil {
 			return backend.Transferred{}, err
+		}
+		if hold, _ := s.holdReserved.Load().(chan struct{}); hold != nil {
+			<-hold
 		}
 	}
 	return s.Backend.Transfer(ctx, key, from, to, ttl, opt)
@@ -207,4 +211,123 @@ func TestHandoverLetsOtherProcessesIn(t *testing.T) {
 		}
 		l.Release(ctx)
 	}
+}
+
+// A lease handed over ahead of the store is valid until the previous
+// holder's deadline while the transfer is out; its renew and release wait
+// for the transfer, or for their context; once the transfer lands, the
+// deadline moves on.
+func TestLeaseWhileItsHandoverIsOut(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	spy := &transferSpy{Backend: redis.New(newGoRedis(t, srv.Addr))}
+	locks := newLocks(t, spy, lock.WithTTL(time.Minute))
+	ctx := context.Background()
+
+	// A holds, B and C queue; A's release transfers to B and reserves C's
+	// fence; B's release hands C the lock ahead of the store, and the
+	// transfer is held back.
+	a, err := locks.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *lock.Lease, 2)
+	for range 2 {
+		go func() {
+			l, err := locks.Acquire(ctx, "k")
+			if err != nil {
+				t.Error(err)
+			}
+			got <- l
+		}()
+	}
+	waitQueued(t, locks, "k", 2)
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b := <-got
+	hold := make(chan struct{})
+	spy.holdReserved.Store(hold)
+	bDeadline := b.Deadline()
+	if err := b.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := <-got
+	if c.Fence() <= b.Fence() {
+		t.Fatalf("fence %d after %d", c.Fence(), b.Fence())
+	}
+	if !c.Deadline().Equal(bDeadline) {
+		t.Fatalf("deadline while the handover is out: %v; want the previous holder's, %v", c.Deadline(), bDeadline)
+	}
+	if err := c.Err(); err != nil {
+		t.Fatalf("Err while the handover is out: %v", err)
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if err := c.Renew(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Renew while the handover is out, until its context ends: %v; want DeadlineExceeded", err)
+	}
+
+	close(hold) // the transfer reaches the store
+	if err := c.Renew(ctx); err != nil {
+		t.Fatalf("Renew after the handover landed: %v", err)
+	}
+	if !c.Deadline().After(bDeadline) {
+		t.Fatalf("deadline after the handover and a renewal: %v; want after %v", c.Deadline(), bDeadline)
+	}
+	h, err := spy.Inspect(ctx, "k")
+	if err != nil || !h.Held || h.Token != c.Token() || h.Fence != c.Fence() {
+		t.Fatalf("the store after the handover: %+v, %v; want token %s, fence %d", h, err, c.Token(), c.Fence())
+	}
+	if err := c.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A release whose context ends while the lease's handover is out returns
+// the context's error, and the lock is released once the handover lands.
+func TestReleaseWhileTheHandoverIsOut(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	spy := &transferSpy{Backend: redis.New(newGoRedis(t, srv.Addr))}
+	locks := newLocks(t, spy, lock.WithTTL(time.Minute))
+	ctx := context.Background()
+	a, err := locks.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *lock.Lease, 2)
+	for range 2 {
+		go func() {
+			l, err := locks.Acquire(ctx, "k")
+			if err != nil {
+				t.Error(err)
+			}
+			got <- l
+		}()
+	}
+	waitQueued(t, locks, "k", 2)
+	a.Release(ctx)
+	b := <-got
+	hold := make(chan struct{})
+	spy.holdReserved.Store(hold)
+	b.Release(ctx)
+	c := <-got
+
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if err := c.Release(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Release while the handover is out, until its context ends: %v; want DeadlineExceeded", err)
+	}
+	close(hold)
+	// The release goes on in the background: another client gets the key
+	// at once, well before the minute-long TTL.
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer wcancel()
+	l, err := newLocks(t, redis.New(newGoRedis(t, srv.Addr))).Acquire(wctx, "k")
+	if err != nil {
+		t.Fatalf("another client after the background release: %v", err)
+	}
+	if l.Fence() <= c.Fence() {
+		t.Errorf("fence %d after %d", l.Fence(), c.Fence())
+	}
+	l.Release(ctx)
 }

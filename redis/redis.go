@@ -169,6 +169,10 @@ func keys(prefix, key string) (lockKey, fenceKey string) {
 	return fenceKey[:len(fenceKey)-len(":fence")], fenceKey
 }
 
+// nextKeyOf returns the key that records the fence reserved for the next
+// holder of a lock (see transferScript).
+func nextKeyOf(lockKey string) string { return lockKey + ":next" }
+
 // channelOf returns the channel a lock's releases are published on.
 func channelOf(lockKey string) string { return lockKey + ":released" }
 
@@ -231,23 +235,32 @@ if v == ARGV[1] .. '+' then
 end
 return 0`)
 
-	// transferScript: KEYS = lock, fence; ARGV = from token, to token, ttl
-	// ms, fence reserved for to (0: take a new one), reserve ('1': reserve
-	// a fence for the owner after to). Returns {0} when from does not hold
-	// the lock; {-1} when a waiter marked it and no fence was reserved (the
-	// lock is then left alone); otherwise {to's fence, the reserved fence
-	// or 0}. A marked lock passed on with a reserved fence stays marked,
-	// and nothing is reserved on it. A transfer sent again after it took
-	// effect (go-redis retried it after a lost reply) finds to holding the
-	// lock and returns to's fence: the reserved one, or the counter, which
-	// nothing else raises while to holds the lock (so it is at least to's
-	// fence and below every later one); it reserves nothing.
+	// transferScript: KEYS = lock, fence, next; ARGV = from token, to
+	// token, ttl ms, fence reserved for to (0: take a new one), reserve
+	// ('1': reserve a fence for the owner after to). Returns {0} when from
+	// does not hold the lock; {-1} when a waiter marked it and no fence was
+	// reserved (the lock is then left alone); otherwise {to's fence, the
+	// reserved fence or 0}. A marked lock passed on with a reserved fence
+	// stays marked, and nothing is reserved on it.
+	//
+	// A reservation raises the counter past the holder's fence; the next
+	// key records it, so that Inspect can still report the holder's fence
+	// (the counter minus one while next equals the counter; any later
+	// grant raises the counter past a stale next).
+	//
+	// A transfer sent again after it took effect (go-redis retried it
+	// after a lost reply) finds to holding the lock and returns to's fence,
+	// and reserves nothing.
 	transferScript = goredis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if v == ARGV[2] or v == ARGV[2] .. '+' then
   local f = tonumber(ARGV[4])
   if f == 0 then
-    f = tonumber(redis.call('GET', KEYS[2]))
+    local c = redis.call('GET', KEYS[2])
+    f = tonumber(c)
+    if redis.call('GET', KEYS[3]) == c then
+      f = f - 1
+    end
   end
   return {f, 0}
 end
@@ -273,16 +286,25 @@ redis.call('SET', KEYS[1], to, 'PX', ARGV[3])
 local nxt = 0
 if ARGV[5] == '1' and not marked then
   nxt = redis.call('INCR', KEYS[2])
+  redis.call('SET', KEYS[3], nxt)
+else
+  redis.call('DEL', KEYS[3])
 end
 return {f, nxt}`)
 
-	// inspectScript: KEYS = lock, fence. Returns {} or {token, pttl, fence}.
+	// inspectScript: KEYS = lock, fence, next. Returns {} or {token, pttl,
+	// the holder's fence}.
 	inspectScript = goredis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if not v then
   return {}
 end
-return {v, redis.call('PTTL', KEYS[1]), tonumber(redis.call('GET', KEYS[2]) or '0')}`)
+local c = redis.call('GET', KEYS[2]) or '0'
+local f = tonumber(c)
+if redis.call('GET', KEYS[3]) == c then
+  f = f - 1
+end
+return {v, redis.call('PTTL', KEYS[1]), f}`)
 )
 
 func (b *Backend) check() error {
@@ -360,7 +382,7 @@ func (b *Backend) Transfer(ctx context.Context, key, from, to string, ttl time.D
 	if opt.Reserve {
 		reserve = "1"
 	}
-	res, err := b.batch.run(ctx, transferScript, []string{lk, fk}, from, to, ms(ttl), opt.Fence, reserve).Int64Slice()
+	res, err := b.batch.run(ctx, transferScript, []string{lk, fk, nextKeyOf(lk)}, from, to, ms(ttl), opt.Fence, reserve).Int64Slice()
 	switch {
 	case err != nil:
 		return backend.Transferred{}, storeErr("transfer", err)
@@ -384,7 +406,7 @@ func (b *Backend) Inspect(ctx context.Context, key string) (backend.Holder, erro
 }
 
 func inspect(ctx context.Context, rdb goredis.Scripter, lk, fk string) (backend.Holder, error) {
-	res, err := inspectScript.Run(ctx, rdb, []string{lk, fk}).Slice()
+	res, err := inspectScript.Run(ctx, rdb, []string{lk, fk, nextKeyOf(lk)}).Slice()
 	if err != nil {
 		return backend.Holder{}, storeErr("inspect", err)
 	}
