@@ -113,25 +113,7 @@ func TestFailedHandoverLosesTheLease(t *testing.T) {
 			// A holds; B and C queue. A's release transfers to B with
 			// a fence reserved for B's successor; B's release then
 			// hands C the lock ahead of the store, and that fails.
-			a, err := locks.Acquire(ctx, "k")
-			if err != nil {
-				t.Fatal(err)
-			}
-			got := make(chan *lock.Lease, 2)
-			for range 2 {
-				go func() {
-					l, err := locks.Acquire(ctx, "k")
-					if err != nil {
-						t.Error(err)
-					}
-					got <- l
-				}()
-			}
-			waitQueued(t, locks, "k", 2)
-			if err := a.Release(ctx); err != nil {
-				t.Fatal(err)
-			}
-			b := <-got
+			b, got := firstHandoff(t, locks, "k")
 			if name == "deleted" {
 				// The store lost B's lock: the handover finds it
 				// gone.
@@ -169,6 +151,34 @@ func TestFailedHandoverLosesTheLease(t *testing.T) {
 			}
 		})
 	}
+}
+
+// firstHandoff takes key on locks (holder A) and queues two more goroutines
+// of locks for it (B and C); A's release transfers the lock to B, with a
+// fence reserved for C. It returns B's lease, and the channel C's lease will
+// come on.
+func firstHandoff(t *testing.T, locks *lock.Client, key string) (*lock.Lease, <-chan *lock.Lease) {
+	t.Helper()
+	ctx := context.Background()
+	a, err := locks.Acquire(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *lock.Lease, 2)
+	for range 2 {
+		go func() {
+			l, err := locks.Acquire(ctx, key)
+			if err != nil {
+				t.Error(err)
+			}
+			got <- l
+		}()
+	}
+	waitQueued(t, locks, key, 2)
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return <-got, got
 }
 
 // waitQueued waits until n goroutines of locks wait for key.
@@ -226,25 +236,7 @@ func TestLeaseWhileItsHandoverIsOut(t *testing.T) {
 	// A holds, B and C queue; A's release transfers to B and reserves C's
 	// fence; B's release hands C the lock ahead of the store, and the
 	// transfer is held back.
-	a, err := locks.Acquire(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := make(chan *lock.Lease, 2)
-	for range 2 {
-		go func() {
-			l, err := locks.Acquire(ctx, "k")
-			if err != nil {
-				t.Error(err)
-			}
-			got <- l
-		}()
-	}
-	waitQueued(t, locks, "k", 2)
-	if err := a.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	b := <-got
+	b, got := firstHandoff(t, locks, "k")
 	hold := make(chan struct{})
 	spy.holdReserved.Store(hold)
 	bDeadline := b.Deadline()
@@ -290,23 +282,7 @@ func TestReleaseWhileTheHandoverIsOut(t *testing.T) {
 	spy := &transferSpy{Backend: redis.New(newGoRedis(t, srv.Addr))}
 	locks := newLocks(t, spy, lock.WithTTL(time.Minute))
 	ctx := context.Background()
-	a, err := locks.Acquire(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := make(chan *lock.Lease, 2)
-	for range 2 {
-		go func() {
-			l, err := locks.Acquire(ctx, "k")
-			if err != nil {
-				t.Error(err)
-			}
-			got <- l
-		}()
-	}
-	waitQueued(t, locks, "k", 2)
-	a.Release(ctx)
-	b := <-got
+	b, got := firstHandoff(t, locks, "k")
 	hold := make(chan struct{})
 	spy.holdReserved.Store(hold)
 	b.Release(ctx)
