@@ -280,14 +280,52 @@ func (s *suite) tryAcquireRace(t *testing.T) {
 
 func (s *suite) mutualExclusion(t *testing.T) {
 	const contenders, rounds = 8, 20
+	clients := s.clients(t, contenders)
+	fences, most := s.contend(t, contenders, rounds, func(i int) *lock.Client { return clients[i] })
+	if most != 1 {
+		t.Errorf("up to %d holders at once; want at most 1", most)
+	}
+	if n := len(fences); n != contenders*rounds {
+		t.Errorf("%d critical sections completed; want %d (every contender gets the lock every time)", n, contenders*rounds)
+	}
+}
+
+// sharedClient: goroutines of one client contend for one key, as the
+// handlers of one service do; package lock may queue them in the process and
+// hand the lock from one to the next.
+func (s *suite) sharedClient(t *testing.T) {
+	const goroutines, rounds = 8, 25
+	c := s.client(t)
+	fences, most := s.contend(t, goroutines, rounds, func(int) *lock.Client { return c })
+	if most != 1 {
+		t.Errorf("up to %d holders at once among goroutines of one client; want at most 1", most)
+	}
+	if len(fences) != goroutines*rounds {
+		t.Errorf("%d acquisitions; want %d", len(fences), goroutines*rounds)
+	}
+	for i := 1; i < len(fences); i++ {
+		if fences[i] <= fences[i-1] {
+			t.Errorf("fence %d after %d in holding order; want strictly increasing", fences[i], fences[i-1])
+			break
+		}
+	}
+}
+
+// contend runs contenders goroutines, each taking one key rounds times
+// through clientOf(its index) with Acquire, holding it for a yield, and
+// releasing it. It returns the fences in the order the sections ran and the
+// most holders seen at once, and checks the recorded history.
+func (s *suite) contend(t *testing.T, contenders, rounds int, clientOf func(int) *lock.Client) (fences []uint64, most int32) {
 	ctx := s.ctx(t)
 	key := s.key(t)
-	clients := s.clients(t, contenders)
 	rec := newRecorder()
-	var active, maxActive atomic.Int32
-	var sections atomic.Int64
-	var wg sync.WaitGroup
-	for i, c := range clients {
+	var (
+		active, maxActive atomic.Int32
+		mu                sync.Mutex
+		wg                sync.WaitGroup
+	)
+	for i := 0; i < contenders; i++ {
+		c := clientOf(i)
 		wg.Go(func() {
 			for r := 0; r < rounds; r++ {
 				l, err := rec.acquire(ctx, i, c, key, true, s.long)
@@ -302,12 +340,14 @@ func (s *suite) mutualExclusion(t *testing.T) {
 						break
 					}
 				}
+				mu.Lock()
+				fences = append(fences, l.Fence())
+				mu.Unlock()
 				runtime.Gosched() // give an overlapping holder the chance to show
 				if err := l.Err(); err != nil {
 					t.Errorf("contender %d: lease lost inside a short section: %v", i, err)
 				}
 				active.Add(-1)
-				sections.Add(1)
 				if err := rec.release(ctx, i, l); err != nil {
 					t.Errorf("contender %d: Release: %v", i, err)
 				}
@@ -315,70 +355,8 @@ func (s *suite) mutualExclusion(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if m := maxActive.Load(); m != 1 {
-		t.Errorf("up to %d holders at once; want at most 1", m)
-	}
-	if n := sections.Load(); n != contenders*rounds {
-		t.Errorf("%d critical sections completed; want %d (every contender gets the lock every time)", n, contenders*rounds)
-	}
 	s.checkHistory(t, rec)
-}
-
-// sharedClient: goroutines of one client contend for one key, as the
-// handlers of one service do; package lock may queue them in the process and
-// hand the lock from one to the next.
-func (s *suite) sharedClient(t *testing.T) {
-	const goroutines, rounds = 8, 25
-	ctx := s.ctx(t)
-	key := s.key(t)
-	c := s.client(t)
-	rec := newRecorder()
-	var (
-		active, maxActive atomic.Int32
-		mu                sync.Mutex
-		fences            []uint64
-		wg                sync.WaitGroup
-	)
-	for i := 0; i < goroutines; i++ {
-		wg.Go(func() {
-			for r := 0; r < rounds; r++ {
-				l, err := rec.acquire(ctx, i, c, key, true, s.long)
-				if err != nil {
-					t.Errorf("goroutine %d, round %d: Acquire: %v", i, r, err)
-					return
-				}
-				n := active.Add(1)
-				for {
-					m := maxActive.Load()
-					if n <= m || maxActive.CompareAndSwap(m, n) {
-						break
-					}
-				}
-				mu.Lock()
-				fences = append(fences, l.Fence())
-				mu.Unlock()
-				runtime.Gosched()
-				active.Add(-1)
-				if err := rec.release(ctx, i, l); err != nil {
-					t.Errorf("goroutine %d: Release: %v", i, err)
-				}
-			}
-		})
-	}
-	wg.Wait()
-	if m := maxActive.Load(); m != 1 {
-		t.Errorf("up to %d holders at once among goroutines of one client; want at most 1", m)
-	}
-	if len(fences) != goroutines*rounds {
-		t.Errorf("%d acquisitions; want %d", len(fences), goroutines*rounds)
-	}
-	for i := 1; i < len(fences); i++ {
-		if fences[i] <= fences[i-1] {
-			t.Errorf("fence %d after %d in holding order; want strictly increasing", fences[i], fences[i-1])
-			break
-		}
-	}
-	s.checkHistory(t, rec)
+	return fences, maxActive.Load()
 }
 
 func (s *suite) fencesSequential(t *testing.T) {
