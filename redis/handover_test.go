@@ -181,6 +181,25 @@ func firstHandoff(t *testing.T, locks *lock.Client, key string) (*lock.Lease, <-
 	return <-got, got
 }
 
+// heldBackHandover sets up a lease handed over ahead of the store whose
+// transfer is held back: A holds key "k" and B and C queue (TTL a minute);
+// A's release transfers to B and reserves C's fence; B's release hands C
+// the lock ahead of the store, and the transfer waits until hold is closed.
+// It returns B's (released) and C's leases.
+func heldBackHandover(t *testing.T) (srv *redistest.Server, spy *transferSpy, b, c *lock.Lease, hold chan struct{}) {
+	t.Helper()
+	srv = redistest.Start(t, redistest.NoPersistence)
+	spy = &transferSpy{Backend: redis.New(newGoRedis(t, srv.Addr))}
+	locks := newLocks(t, spy, lock.WithTTL(time.Minute))
+	b, got := firstHandoff(t, locks, "k")
+	hold = make(chan struct{})
+	spy.holdReserved.Store(hold)
+	if err := b.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return srv, spy, b, <-got, hold
+}
+
 // waitQueued waits until n goroutines of locks wait for key.
 func waitQueued(t *testing.T, locks *lock.Client, key string, n int) {
 	t.Helper()
@@ -228,22 +247,9 @@ func TestHandoverLetsOtherProcessesIn(t *testing.T) {
 // for the transfer, or for their context; once the transfer lands, the
 // deadline moves on.
 func TestLeaseWhileItsHandoverIsOut(t *testing.T) {
-	srv := redistest.Start(t, redistest.NoPersistence)
-	spy := &transferSpy{Backend: redis.New(newGoRedis(t, srv.Addr))}
-	locks := newLocks(t, spy, lock.WithTTL(time.Minute))
+	_, spy, b, c, hold := heldBackHandover(t)
 	ctx := context.Background()
-
-	// A holds, B and C queue; A's release transfers to B and reserves C's
-	// fence; B's release hands C the lock ahead of the store, and the
-	// transfer is held back.
-	b, got := firstHandoff(t, locks, "k")
-	hold := make(chan struct{})
-	spy.holdReserved.Store(hold)
 	bDeadline := b.Deadline()
-	if err := b.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	c := <-got
 	if c.Fence() <= b.Fence() {
 		t.Fatalf("fence %d after %d", c.Fence(), b.Fence())
 	}
@@ -278,15 +284,8 @@ func TestLeaseWhileItsHandoverIsOut(t *testing.T) {
 // A release whose context ends while the lease's handover is out returns
 // the context's error, and the lock is released once the handover lands.
 func TestReleaseWhileTheHandoverIsOut(t *testing.T) {
-	srv := redistest.Start(t, redistest.NoPersistence)
-	spy := &transferSpy{Backend: redis.New(newGoRedis(t, srv.Addr))}
-	locks := newLocks(t, spy, lock.WithTTL(time.Minute))
+	srv, _, _, c, hold := heldBackHandover(t)
 	ctx := context.Background()
-	b, got := firstHandoff(t, locks, "k")
-	hold := make(chan struct{})
-	spy.holdReserved.Store(hold)
-	b.Release(ctx)
-	c := <-got
 
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
