@@ -638,13 +638,7 @@ func (s *suite) cancelWhileWaiting(t *testing.T) {
 	if err := l.Release(ctx); err != nil {
 		t.Errorf("holder Release: %v", err)
 	}
-	l2, err := s.client(t).TryAcquire(ctx, key, lock.WithTTL(s.long))
-	if err != nil {
-		t.Fatalf("TryAcquire after the release: %v; want success (nothing left behind by cancelled waiters)", err)
-	}
-	if err := l2.Release(ctx); err != nil {
-		t.Errorf("Release: %v", err)
-	}
+	s.keyIsFree(ctx, t, key, "after the release", "nothing left behind by cancelled waiters")
 }
 
 func (s *suite) manyKeys(t *testing.T) {
@@ -877,9 +871,15 @@ func (s *suite) cancelWhileStoreHangs(t *testing.T) {
 	if err := b.Close(); err != nil {
 		t.Errorf("Close: %v", err)
 	}
+	s.keyIsFree(ctx, t, key, "after the abandoned Acquire", "nothing left behind")
+}
+
+// keyIsFree checks that a new client takes key at once, and releases it.
+func (s *suite) keyIsFree(ctx context.Context, t *testing.T, key, when, why string) {
+	t.Helper()
 	l, err := s.client(t).TryAcquire(ctx, key, lock.WithTTL(s.long))
 	if err != nil {
-		t.Fatalf("TryAcquire after the abandoned Acquire: %v; want success (nothing left behind)", err)
+		t.Fatalf("TryAcquire %s: %v; want success (%s)", when, err, why)
 	}
 	if err := l.Release(ctx); err != nil {
 		t.Errorf("Release: %v", err)
