@@ -36,7 +36,6 @@ type Lease struct {
 	token     string
 	fence     uint64
 	ttl       time.Duration
-	drift     time.Duration
 	clock     clock.Clock
 	maxHold   time.Duration
 	acquired  time.Time // when the acquire request was sent
@@ -45,8 +44,8 @@ type Lease struct {
 
 	mu       sync.Mutex
 	state    leaseState
-	err      error // why the lease ended; nil while held
-	deadline time.Time
+	err      error    // why the lease ended; nil while held
+	v        validity // the deadline's one owner
 	renewAt  time.Time
 	renewing bool
 	capped   bool  // the watchdog stopped at the maximum hold time
@@ -81,31 +80,37 @@ func (c *Client) newLease(key, token string, cfg *config, sent time.Time, g back
 		token:     token,
 		fence:     g.Fence,
 		ttl:       ttl,
-		drift:     cfg.driftFor(ttl),
 		clock:     cfg.clock,
 		maxHold:   cfg.maxHold,
 		acquired:  sent,
 		autoRenew: cfg.autoRenew,
 		sched:     sched,
 		index:     -1,
+		v:         validity{drift: cfg.driftFor(ttl)},
 	}
-	// No other goroutine sees l before the scheduler does: its mutex
-	// publishes the fields set here.
-	l.extendLocked(sent)
-	l.armLocked()
+	if !sent.IsZero() {
+		// No other goroutine sees l before the scheduler does: its mutex
+		// publishes the fields set here.
+		l.v.sending(cfg.ttl)
+		l.extendLocked(sent, g.TTL)
+		l.armLocked()
+	}
 	return l
 }
 
-// newHandedLease returns the lease of a lock handed over ahead of the store:
-// valid until deadline (the previous holder's), with a reserved fence, and
-// not renewed until completeHandover has settled it.
-func (c *Client) newHandedLease(key, token string, cfg *config, fence uint64, deadline time.Time) *Lease {
-	l := c.newLease(key, token, cfg, cfg.clock.Now(), backend.Grant{Fence: fence})
+// newHandedLease returns the lease of a lock handed over ahead of the store,
+// with a reserved fence, not renewed until completeHandover has settled it.
+// Until then it is valid until the earlier of prev (the previous holder's
+// deadline: the store keeps the lock for the previous token until then at
+// least) and now plus its own TTL less drift (the transfer, sent after now,
+// keeps it for this token from its arrival): see validity.
+func (c *Client) newHandedLease(key, token string, cfg *config, fence uint64, prev time.Time) *Lease {
+	l := c.newLease(key, token, cfg, time.Time{}, backend.Grant{Fence: fence})
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.handover = make(chan struct{})
-	l.deadline = deadline
-	l.renewAt = deadline
+	l.v.inherit(prev, cfg.clock.Now(), l.ttl)
+	l.renewAt = l.v.deadline
 	l.armLocked()
 	return l
 }
@@ -134,7 +139,7 @@ func (l *Lease) TTL() time.Duration { return l.ttl }
 func (l *Lease) Deadline() time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.deadline
+	return l.v.deadline
 }
 
 // Done returns a channel that is closed when the lease ends: lost or
@@ -275,7 +280,7 @@ func (l *Lease) transferToNext(ctx context.Context) (bool, error) {
 		return false, nil
 	}
 	l.mu.Lock()
-	reserved, deadline := l.next, l.deadline
+	reserved, deadline := l.next, l.v.deadline
 	l.mu.Unlock()
 	sameClock := l.sched == c.sched && w.cfg.clockID == c.cfg.clockID
 	if left := l.clock.Until(deadline); reserved > 0 && sameClock && left >= l.ttl/handoverMargin && left >= w.cfg.ttl/handoverMargin {
@@ -314,6 +319,11 @@ func (l *Lease) transferToNext(ctx context.Context) (bool, error) {
 		l.mu.Unlock()
 		l.passTurn()
 		return true, wrap("release", l.key, lost)
+	case !errors.Is(err, backend.ErrTransferRefused):
+		// Unknown outcome: the store may hold the lock for w's token,
+		// which nobody will use (w asks the store with fresh tokens once
+		// it has the turn): free it, then release plainly.
+		c.cleanup(ctx, l.key, w.token, w.cfg.ttl)
 	}
 	return false, nil // refused, or failed: release plainly
 }
@@ -324,7 +334,7 @@ func (l *Lease) transferToNext(ctx context.Context) (bool, error) {
 // did, it releases l. It runs in the background.
 func (l *Lease) completeHandover(from string, delivered <-chan bool) {
 	l.mu.Lock()
-	deadline := l.deadline
+	deadline := l.v.deadline
 	l.mu.Unlock()
 	ctx, cancel := context.WithCancel(context.Background())
 	if l.clock == clock.Real {
@@ -336,6 +346,11 @@ func (l *Lease) completeHandover(from string, delivered <-chan bool) {
 	took := <-delivered
 	l.settleHandover(ctx, from, sent, t, err)
 	close(l.handover)
+	l.mu.Lock()
+	if l.state == stateHeld {
+		l.armLocked() // the watchdog may renew from now on
+	}
+	l.mu.Unlock()
 	if !took { // the waiter gave up meanwhile
 		rctx, rcancel := context.WithTimeout(context.Background(), max(l.ttl, time.Second))
 		defer rcancel()
@@ -351,7 +366,7 @@ func (l *Lease) settleHandover(ctx context.Context, from string, sent time.Time,
 	switch {
 	case err == nil && l.state == stateHeld:
 		l.next = t.Next
-		l.extendLocked(sent)
+		l.extendLocked(sent, t.TTL)
 		l.armLocked()
 	case err == nil:
 		// l ended (lost at its deadline) while the transfer was out.
@@ -393,10 +408,12 @@ func (l *Lease) renew(ctx context.Context) error {
 		l.mu.Unlock()
 		return wrap("renew", l.key, err)
 	}
+	ttl := l.ttl
+	l.v.sending(ttl)
 	sent := l.clock.Now()
 	l.mu.Unlock()
 
-	g, err := l.c.b.Renew(ctx, l.key, l.token, l.ttl)
+	g, err := l.c.b.Renew(ctx, l.key, l.token, ttl)
 
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -417,68 +434,80 @@ func (l *Lease) renew(ctx context.Context) error {
 		l.lastErr = err
 		return wrap("renew", l.key, err)
 	}
-	if g.TTL > 0 && g.TTL < l.ttl {
-		// The store shortened the TTL: trust the shorter one.
-		l.ttl = g.TTL
-		l.drift = min(l.drift, l.ttl/2)
-	}
 	l.lastErr = nil
-	l.extendLocked(sent)
+	l.extendLocked(sent, g.TTL)
 	return nil
 }
 
 // extendLocked moves the deadline and the next automatic renewal after a
-// successful request sent at sent.
-func (l *Lease) extendLocked(sent time.Time) {
-	if d := sent.Add(l.ttl - l.drift); d.After(l.deadline) {
-		l.deadline = d
+// successful request sent at sent, granted for granted (0: as asked).
+func (l *Lease) extendLocked(sent time.Time, granted time.Duration) {
+	if granted > 0 && granted < l.ttl {
+		l.ttl = granted // the store shortened the TTL: trust the shorter one
 	}
+	l.v.confirm(sent, granted)
 	l.renewAt = sent.Add(l.ttl / 3)
 }
 
 // armLocked schedules the next tick: the automatic renewal or the deadline,
 // whichever comes first.
 func (l *Lease) armLocked() {
-	next := l.deadline
-	if l.autoRenew && !l.renewing && !l.capped && l.renewAt.Before(next) {
+	next := l.v.deadline
+	if l.mayRenewLocked() && l.renewAt.Before(next) {
 		next = l.renewAt
 	}
 	l.sched.schedule(l, next)
 }
 
-// tick runs when the lease is due in its scheduler. A tick with nothing due
+// mayRenewLocked reports whether the watchdog may start a renewal now (when
+// renewAt has come): otherwise only the deadline is scheduled.
+func (l *Lease) mayRenewLocked() bool {
+	return l.autoRenew && !l.renewing && !l.capped && !l.c.closed.Load() && !l.handingOver()
+}
+
+// tick runs when the lease is due in its scheduler, on the scheduler's
+// goroutine: it checks the deadline and decides whether an automatic
+// renewal is due, and never waits for the network, so that however many
+// leases fall due together (after a process pause, say) each one's lost
+// signal comes on time. It reports whether the caller should run
+// watchdogRenew, which it has then marked as running. A tick with nothing due
 // (the deadline moved) schedules the lease again.
-func (l *Lease) tick() {
+func (l *Lease) tick() bool {
 	l.mu.Lock()
-	if l.state != stateHeld {
-		l.mu.Unlock()
-		return
-	}
-	if l.checkDeadlineLocked() {
-		l.mu.Unlock()
-		return
+	defer l.mu.Unlock()
+	if l.state != stateHeld || l.checkDeadlineLocked() {
+		return false
 	}
 	now := l.clock.Now()
-	if !l.autoRenew || l.renewing || l.capped || now.Before(l.renewAt) || l.c.closed.Load() || l.handingOver() {
+	if !l.mayRenewLocked() || now.Before(l.renewAt) {
 		l.armLocked() // woke early, or nothing to do before the deadline
-		l.mu.Unlock()
-		return
+		return false
 	}
 	if l.maxHold > 0 && now.Add(l.ttl).After(l.acquired.Add(l.maxHold)) {
 		l.capped = true
 		l.armLocked()
+		return false
+	}
+	l.renewing = true
+	l.armLocked() // guard the deadline while the renewal runs
+	return true
+}
+
+// watchdogRenew runs the automatic renewal that tick marked as running.
+func (l *Lease) watchdogRenew() {
+	l.mu.Lock()
+	if l.state != stateHeld {
+		l.renewing = false
 		l.mu.Unlock()
 		return
 	}
-	l.renewing = true
 	ctx, cancel := context.WithCancel(context.Background())
 	if l.clock == clock.Real {
 		// Past the deadline the renewal is useless: let the backend give
 		// up then too.
-		ctx, cancel = context.WithDeadline(context.Background(), l.deadline)
+		ctx, cancel = context.WithDeadline(context.Background(), l.v.deadline)
 	}
 	l.cancel = cancel
-	l.armLocked() // guard the deadline while the renewal runs
 	l.mu.Unlock()
 
 	err := l.renew(ctx)
@@ -494,7 +523,7 @@ func (l *Lease) tick() {
 	if err != nil {
 		// Retry soon, while the lease is still valid.
 		now := l.clock.Now()
-		wait := min(l.ttl/3, l.deadline.Sub(now)/3)
+		wait := min(l.ttl/3, l.v.deadline.Sub(now)/3)
 		l.renewAt = now.Add(max(wait, time.Millisecond))
 	}
 	l.armLocked()
@@ -517,7 +546,7 @@ func (l *Lease) handingOver() bool {
 // checkDeadlineLocked ends the lease as lost if its deadline has passed, and
 // reports whether it did.
 func (l *Lease) checkDeadlineLocked() bool {
-	if l.state != stateHeld || l.clock.Until(l.deadline) > 0 {
+	if l.state != stateHeld || l.clock.Until(l.v.deadline) > 0 {
 		return false
 	}
 	var err error

@@ -73,25 +73,37 @@ func (s *scheduler) fire() {
 	}
 	s.mu.Unlock()
 
-	// Run the ticks concurrently (a renewal is a network call), at most
-	// maxConcurrentTicks at once, so that thousands of leases falling due
-	// together do not flood the store; a lease whose renewal waits too long
-	// is still lost on time, at its deadline. Return when they are done, so
-	// that clock.Fake.AdvanceWait covers them.
-	var wg sync.WaitGroup
-	slots := make(chan struct{}, maxConcurrentTicks)
+	// Deadlines first, here, for every due lease: a tick never waits for
+	// the network, so a lost signal is never delayed behind renewals.
+	var renew []*Lease
 	for _, l := range due {
-		slots <- struct{}{}
+		if l.tick() {
+			renew = append(renew, l)
+		}
+	}
+	// Then the renewals, concurrently (a renewal is a network call), at
+	// most maxConcurrentTicks at once, so that thousands of leases falling
+	// due together do not flood the store. Each renewal waits for its slot
+	// on its own goroutine: the leases are already scheduled again for
+	// their deadlines, which later firings check while renewals hang.
+	// Return when they are done, so that clock.Fake.AdvanceWait covers
+	// them.
+	var wg sync.WaitGroup
+	for _, l := range renew {
 		wg.Go(func() {
-			defer func() { <-slots }()
-			l.tick()
+			renewSlots <- struct{}{}
+			defer func() { <-renewSlots }()
+			l.watchdogRenew()
 		})
 	}
 	wg.Wait()
 }
 
-// maxConcurrentTicks bounds the renewals one firing runs at once.
+// maxConcurrentTicks bounds the automatic renewals a process runs at once.
 const maxConcurrentTicks = 64
+
+// renewSlots holds one token per automatic renewal running.
+var renewSlots = make(chan struct{}, maxConcurrentTicks)
 
 type leaseHeap []*Lease
 
