@@ -71,7 +71,7 @@ func (q *localQueue) tryTurn(key string) bool {
 
 // turn waits for the key's turn, or for the end of ctx. It returns a lease
 // when the previous holder transferred the lock to token.
-func (q *localQueue) turn(ctx context.Context, key, token string, cfg *config) (*Lease, error) {
+func (q *localQueue) turn(ctx context.Context, key string, cfg *config) (*Lease, error) {
 	sh := q.shard(key)
 	sh.mu.Lock()
 	if sh.takeLocked(key) {
@@ -83,7 +83,8 @@ func (q *localQueue) turn(ctx context.Context, key, token string, cfg *config) (
 		k = &localKey{}
 		sh.keys[key] = k
 	}
-	w := &localWaiter{token: token, cfg: cfg, ch: make(chan *Lease, 1)}
+	// The token a transfer gives the lock to; used for nothing else.
+	w := &localWaiter{token: newToken(), cfg: cfg, ch: make(chan *Lease, 1)}
 	w.elem = k.waiters.PushBack(w)
 	sh.mu.Unlock()
 

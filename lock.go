@@ -317,10 +317,9 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 
 	// Take this client's turn for the key first: goroutines of one client
 	// queue here instead of all asking the store.
-	token := newToken()
 	queued := !c.caps.InProcess
 	if queued && wait {
-		l, err := c.local.turn(ctx, key, token, cfg)
+		l, err := c.local.turn(ctx, key, cfg)
 		if err != nil {
 			return nil, wrap(op, key, err)
 		}
@@ -343,6 +342,14 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 	backoff := cfg.minBackoff
 	splits := 0
 	for {
+		// Every attempt has a token of its own, never used before, so
+		// that an attempt counts only what it was granted itself: a
+		// lock left by an earlier attempt whose undo was lost or is
+		// still on its way (Redlock), or one that a transfer of unknown
+		// outcome gave to this goroutine's queue token, is never taken
+		// for this attempt's grant, whose deadline is counted from this
+		// send.
+		token := newToken()
 		sent := cfg.clock.Now()
 		g, err := c.b.Acquire(ctx, key, token, cfg.ttl)
 		if err == nil {
