@@ -173,6 +173,17 @@ func keys(prefix, key string) (lockKey, fenceKey string) {
 // holder of a lock (see transferScript).
 func nextKeyOf(lockKey string) string { return lockKey + ":next" }
 
+// deadKeyOf returns the tombstone key of a released token (see Dead tokens).
+func deadKeyOf(lockKey, token string) string { return lockKey + ":dead:" + token }
+
+// deadTokenTTL is the shortest life of a released token's tombstone: longer
+// than go-redis takes to send a request again after a lost reply (three
+// retries of at most 512ms backoff and a 3s read timeout each).
+const deadTokenTTL = 15 * time.Second
+
+// deadMs is deadTokenTTL in milliseconds, as the release script takes it.
+var deadMs = ms(deadTokenTTL)
+
 // channelOf returns the channel a lock's releases are published on.
 func channelOf(lockKey string) string { return lockKey + ":released" }
 
@@ -186,19 +197,48 @@ func ms(ttl time.Duration) int64 {
 // token; the release script publishes a wake-up only for a marked lock, so
 // uncontended locks pay nothing for wake-ups. Scripts compare tokens with
 // and without the mark.
+//
+// # Dead tokens
+//
+// A token is used for one acquisition attempt. Releasing it kills it: the
+// release script, whether or not the token held the lock, leaves a
+// tombstone key for the token (deadKeyOf) that lives at least
+// deadTokenTTL, and as long as the lock would have lived. The acquire
+// scripts refuse a dead token, and a release of a token that died holding
+// the lock answers "released" again. Why: requests are not always
+// executed in the order they were sent. go-redis sends a request again on
+// a new connection after a lost reply while the first may still be
+// queued; an acquire whose caller gave up (context ended while it was in a
+// pipeline, or a Redlock node answered too late) is undone by a release
+// sent on another connection, which the server may run first. Without the
+// tombstone, such an acquire landing after its undo takes the lock for a
+// whole TTL with nobody to release it, and a release landing twice reports
+// a lock held until its release as lost. With it, order on the wire does
+// not matter while the tombstone lives: the late acquire is refused, the
+// second release succeeds. A request delayed on the wire longer than the
+// tombstone lives can still take the lock; it then expires after its TTL.
 var (
-	// acquireScript: KEYS = lock, fence; ARGV = token, ttl ms. Returns the
-	// fence (> 0) when it took the lock, or minus the holder's PTTL (<= 0)
-	// after marking the lock as waited for. A request that finds its own
-	// token (go-redis retried it after a lost reply) returns the fence the
-	// first try got.
+	// acquireScript: KEYS = lock, fence, dead token; ARGV = token, ttl
+	// ms. Returns the fence (> 0) when it took the lock, or minus the
+	// holder's PTTL (<= 0) after marking the lock as waited for, or the
+	// error DEAD for a released token. A request that finds its own token
+	// (go-redis sent it again after a lost reply; the first one took the
+	// lock) returns the fence the first one got: the lock's expiry is the
+	// first one's, which arrived after this attempt was sent.
 	acquireScript = goredis.NewScript(`
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  return redis.error_reply('DEAD token released before')
+end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return redis.call('INCR', KEYS[2])
 end
 local v = redis.call('GET', KEYS[1])
 if v == ARGV[1] or v == ARGV[1] .. '+' then
-  return tonumber(redis.call('GET', KEYS[2]))
+  local c = redis.call('GET', KEYS[2])
+  if redis.call('GET', KEYS[1] .. ':next') == c then
+    return tonumber(c) - 1
+  end
+  return tonumber(c)
 end
 if string.byte(v, -1) ~= 43 then
   redis.call('APPEND', KEYS[1], '+')
@@ -216,28 +256,38 @@ if v ~= ARGV[1] and v ~= ARGV[1] .. '+' then
 end
 return redis.call('PEXPIRE', KEYS[1], ARGV[2])`)
 
-	// releaseScript: KEYS = lock; ARGV = token[, channel, release id].
-	// Returns 1 when it deleted the lock, 0 when token did not hold it.
-	// When a waiter marked the lock it publishes a release id on the
-	// lock's channel: by default the token, unique to this acquisition and
-	// so to this release, on channelOf(KEYS[1]); Redlock passes both, and
-	// sends one id to all nodes, so that waiters wake once per release.
+	// releaseScript: KEYS = lock, dead token; ARGV = token, tombstone ms[,
+	// channel, release id]. Returns 1 when it deleted the lock or had
+	// deleted it before (the token's tombstone says so), 0 when token did
+	// not hold it. It kills the token either way (see Dead tokens). When
+	// a waiter marked the lock it publishes a release id on the lock's
+	// channel: by default the token, unique to this acquisition and so to
+	// this release, on channelOf(KEYS[1]); Redlock passes both, and sends
+	// one id to all nodes, so that waiters wake once per release.
 	releaseScript = goredis.NewScript(`
 local v = redis.call('GET', KEYS[1])
-if v == ARGV[1] then
+if v == ARGV[1] or v == ARGV[1] .. '+' then
+  local p = redis.call('PTTL', KEYS[1])
   redis.call('DEL', KEYS[1])
+  if p < tonumber(ARGV[2]) then p = ARGV[2] end
+  redis.call('SET', KEYS[2], '1', 'PX', p)
+  if v ~= ARGV[1] then
+    redis.call('PUBLISH', ARGV[3] or KEYS[1] .. ':released', ARGV[4] or ARGV[1])
+  end
   return 1
 end
-if v == ARGV[1] .. '+' then
-  redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2] or KEYS[1] .. ':released', ARGV[3] or ARGV[1])
-  return 1
+local d = redis.call('GET', KEYS[2])
+if d then
+  return tonumber(d)
 end
+redis.call('SET', KEYS[2], '0', 'PX', ARGV[2])
 return 0`)
 
-	// transferScript: KEYS = lock, fence, next; ARGV = from token, to
-	// token, ttl ms, fence reserved for to (0: take a new one), reserve
-	// ('1': reserve a fence for the owner after to). Returns {0} when from
+	// transferScript: KEYS = lock, fence, next, to's tombstone; ARGV =
+	// from token, to token, ttl ms, fence reserved for to (0: take a new
+	// one), reserve ('1': reserve a fence for the owner after to). Returns
+	// {-2}, changing nothing, when to is dead (released before: a transfer
+	// that arrives after the cleanup of its unknown outcome); {0} when from
 	// does not hold the lock; {-1} when a waiter marked it and no fence was
 	// reserved (the lock is then left alone); otherwise {to's fence, the
 	// reserved fence or 0}. A marked lock passed on with a reserved fence
@@ -252,6 +302,9 @@ return 0`)
 	// after a lost reply) finds to holding the lock and returns to's fence,
 	// and reserves nothing.
 	transferScript = goredis.NewScript(`
+if redis.call('EXISTS', KEYS[4]) == 1 then
+  return {-2}
+end
 local v = redis.call('GET', KEYS[1])
 if v == ARGV[2] or v == ARGV[2] .. '+' then
   local f = tonumber(ARGV[4])
@@ -318,15 +371,24 @@ func storeErr(op string, err error) error {
 	return fmt.Errorf("redis: %s: %w", op, err)
 }
 
+// acquireErr classifies an acquire script's error: a dead token is bad
+// input (tokens are for one attempt), anything else an unknown outcome.
+func acquireErr(err error) error {
+	if goredis.HasErrorPrefix(err, "DEAD") {
+		return fmt.Errorf("%w: redis: acquire with a token that was released before; a token is for one acquisition", backend.ErrInvalid)
+	}
+	return storeErr("acquire", err)
+}
+
 // Acquire implements backend.Backend.
 func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
 	if err := b.check(); err != nil {
 		return backend.Grant{}, err
 	}
 	lk, fk := keys(b.opts.prefix, key)
-	res, err := b.batch.run(ctx, acquireScript, []string{lk, fk}, token, ms(ttl)).Int64()
+	res, err := b.batch.run(ctx, acquireScript, []string{lk, fk, deadKeyOf(lk, token)}, token, ms(ttl)).Int64()
 	if err != nil {
-		return backend.Grant{}, storeErr("acquire", err)
+		return backend.Grant{}, acquireErr(err)
 	}
 	if res <= 0 {
 		return backend.Grant{}, backend.Locked(time.Duration(-res) * time.Millisecond)
@@ -361,7 +423,7 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 		return err
 	}
 	lk, _ := keys(b.opts.prefix, key)
-	n, err := b.batch.run(ctx, releaseScript, []string{lk}, token).Int64()
+	n, err := b.batch.run(ctx, releaseScript, []string{lk, deadKeyOf(lk, token)}, token, deadMs).Int64()
 	if err != nil {
 		return storeErr("release", err)
 	}
@@ -382,7 +444,7 @@ func (b *Backend) Transfer(ctx context.Context, key, from, to string, ttl time.D
 	if opt.Reserve {
 		reserve = "1"
 	}
-	res, err := b.batch.run(ctx, transferScript, []string{lk, fk, nextKeyOf(lk)}, from, to, ms(ttl), opt.Fence, reserve).Int64Slice()
+	res, err := b.batch.run(ctx, transferScript, []string{lk, fk, nextKeyOf(lk), deadKeyOf(lk, to)}, from, to, ms(ttl), opt.Fence, reserve).Int64Slice()
 	switch {
 	case err != nil:
 		return backend.Transferred{}, storeErr("transfer", err)
@@ -390,6 +452,8 @@ func (b *Backend) Transfer(ctx context.Context, key, from, to string, ttl time.D
 		return backend.Transferred{}, backend.ErrNotHeld
 	case len(res) == 1 && res[0] == -1:
 		return backend.Transferred{}, backend.ErrTransferRefused
+	case len(res) == 1 && res[0] == -2:
+		return backend.Transferred{}, fmt.Errorf("%w: redis: transfer to a token that was released before; a token is for one acquisition", backend.ErrInvalid)
 	case len(res) != 2 || res[0] <= 0 || res[1] < 0:
 		return backend.Transferred{}, storeErr("transfer", fmt.Errorf("unexpected script reply %v", res))
 	}

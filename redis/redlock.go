@@ -91,11 +91,15 @@ func NewRedlock(nodes []Client, opts ...Option) (*Redlock, error) {
 }
 
 var (
-	// redlockAcquireScript: KEYS = lock, fence; ARGV = token, ttl ms.
+	// redlockAcquireScript: KEYS = lock, fence, dead token; ARGV = token,
+	// ttl ms.
 	// Returns {1, counter} when it took the lock, {0, pttl, counter,
 	// holder's token} when another owner holds it (and marks the lock as
 	// waited for, as the single-node script does).
 	redlockAcquireScript = goredis.NewScript(`
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  return redis.error_reply('DEAD token released before')
+end
 local c = tonumber(redis.call('GET', KEYS[2]) or '0')
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {1, c}
@@ -173,12 +177,13 @@ func (r *Redlock) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	}
 	start := time.Now()
 	lk, fk := keys(r.opts.prefix, key)
+	dk := deadKeyOf(lk, token)
 	ch := channelOf(lk)
 	counters := make([]int64, len(r.nodes))
 	pttls := make([]int64, len(r.nodes))
 	holders := make([]string, len(r.nodes))
 	errs := r.each(ctx, ttl, func(ctx context.Context, i int, n *batcher) error {
-		res, err := n.run(ctx, redlockAcquireScript, []string{lk, fk}, token, ms(ttl)).Slice()
+		res, err := n.run(ctx, redlockAcquireScript, []string{lk, fk, dk}, token, ms(ttl)).Slice()
 		if err != nil {
 			return err
 		}
@@ -258,7 +263,7 @@ func (r *Redlock) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	// context that outlives ctx's end: nothing may be left behind.
 	id := releaseID()
 	r.each(context.WithoutCancel(ctx), ttl, func(ctx context.Context, i int, n *batcher) error {
-		return n.run(ctx, releaseScript, []string{lk}, token, ch, id).Err()
+		return n.run(ctx, releaseScript, []string{lk, dk}, token, deadMs, ch, id).Err()
 	})
 	switch {
 	case heldElsewhere:
@@ -334,11 +339,12 @@ func (r *Redlock) Release(ctx context.Context, key, token string) error {
 		return err
 	}
 	lk, _ := keys(r.opts.prefix, key)
+	dk := deadKeyOf(lk, token)
 	ch := channelOf(lk)
 	var released, notHeld atomic.Int64
 	id := releaseID()
 	errs := r.each(ctx, 0, func(ctx context.Context, i int, n *batcher) error {
-		k, err := n.run(ctx, releaseScript, []string{lk}, token, ch, id).Int64()
+		k, err := n.run(ctx, releaseScript, []string{lk, dk}, token, deadMs, ch, id).Int64()
 		switch {
 		case err != nil:
 			return err
