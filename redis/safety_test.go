@@ -6,6 +6,10 @@ package redis_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -159,4 +163,190 @@ func TestLostSignalNotBehindHangingRenewals(t *testing.T) {
 		}
 	}
 	px.Heal()
+}
+
+// proxiedLocks returns a client of srv whose every byte passes through a
+// fault proxy of its own, and the proxy. retries turns go-redis's own
+// retries on (its default: three), as an application's client has them.
+func proxiedLocks(t *testing.T, srv *redistest.Server, retries bool, opts ...lock.Option) (*lock.Client, *tcpproxy.Proxy) {
+	t.Helper()
+	px := tcpproxy.Start(t, srv.Addr)
+	o := &goredis.Options{Addr: px.Addr, ContextTimeoutEnabled: true, MaxRetries: -1}
+	if retries {
+		o.MaxRetries = 0 // go-redis's default
+	}
+	rdb := goredis.NewClient(o)
+	t.Cleanup(func() { rdb.Close() })
+	return newLocks(t, redis.New(rdb), opts...), px
+}
+
+// warmUp runs a handoff between two goroutines of locks on a key of its
+// own, so that the server has cached the acquire, transfer and release
+// scripts: a fault test's request then runs at once instead of being
+// answered NOSCRIPT and sent again.
+func warmUp(t *testing.T, locks *lock.Client) {
+	t.Helper()
+	ctx := context.Background()
+	a, err := locks.Acquire(ctx, "warm-up")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *lock.Lease, 1)
+	go func() {
+		l, err := locks.Acquire(ctx, "warm-up")
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	waitQueued(t, locks, "warm-up", 1)
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if b := <-got; b != nil {
+		b.Release(ctx)
+	}
+}
+
+// History 2: a transfer whose reply is late, then the waiter asks the store
+// with the token the transfer gave the lock to. The store had moved the
+// lock to the waiter's token (expiry +1 s); the release gave up after 300
+// ms; the waiter acquired with the same token, the script answered "already
+// yours" without touching the expiry, and the lease's deadline was counted
+// from this later send. Every store attempt now has a fresh token, and the
+// transfer's token is freed.
+func TestLateTransferReplyThenAcquire(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	rdb := newGoRedis(t, srv.Addr)
+	locks, px := proxiedLocks(t, srv, false, lock.WithTTL(time.Second), lock.WithAutoRenew(false))
+	ctx := context.Background()
+	warmUp(t, locks)
+	a, err := locks.Acquire(ctx, "late")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *lock.Lease, 1)
+	go func() {
+		l, err := locks.Acquire(ctx, "late")
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	waitQueued(t, locks, "late", 1)
+
+	px.Hold(tcpproxy.ToClient) // the store acts; its replies are late
+	rctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if err := a.Release(rctx); err == nil {
+		t.Fatal("Release returned nil while its reply was held")
+	}
+	px.Deliver(tcpproxy.ToClient)
+	w := <-got
+	if w == nil {
+		t.FailNow()
+	}
+	checkWithinStore(t, rdb, "late", w)
+
+	other := newLocks(t, redis.New(newGoRedis(t, srv.Addr)))
+	wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer wcancel()
+	o, err := other.Acquire(wctx, "late")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Release(ctx)
+	if w.Err() == nil {
+		t.Fatalf("another client holds the key while the waiter's lease reports Err nil, valid %v more", time.Until(w.Deadline()))
+	}
+}
+
+// History 7: a release that go-redis sent again after the reply to the
+// first was lost (connection reset after the store ran it) found the key
+// free and reported the lease as lost, for a lease held until its release.
+// A released token's tombstone now answers the second release.
+func TestRetriedReleaseSucceeds(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	rdb := newGoRedis(t, srv.Addr)
+	locks, px := proxiedLocks(t, srv, true, lock.WithTTL(5*time.Second), lock.WithAutoRenew(false))
+	ctx := context.Background()
+	warmUp(t, locks)
+	l, err := locks.Acquire(ctx, "retried")
+	if err != nil {
+		t.Fatal(err)
+	}
+	px.Hold(tcpproxy.ToClient)
+	sent := px.Forwarded(tcpproxy.ToServer)
+	released := make(chan error, 1)
+	go func() { released <- l.Release(ctx) }()
+	// The release reaches the store and runs there.
+	if err := px.WaitForwarded(ctx, tcpproxy.ToServer, sent); err != nil {
+		t.Fatal(err)
+	}
+	for rdb.Exists(ctx, "lock:{retried}").Val() == 1 {
+		time.Sleep(time.Millisecond) // poll the store until the release ran
+	}
+	px.Reset() // its reply is lost with the connection; go-redis sends it again
+	px.Deliver(tcpproxy.ToClient)
+	if err := <-released; err != nil {
+		t.Fatalf("Release of a lease held until its release, after a lost reply: %v; want nil", err)
+	}
+	if !errors.Is(l.Err(), lock.ErrReleased) {
+		t.Fatalf("Err after the release: %v", l.Err())
+	}
+}
+
+// History 6: acquires cancelled under ordinary load left their locks on the
+// store: a call already taken into a pipeline returned at once when its
+// context ended, and the cleanup release, sent on another connection, ran
+// before the pipeline's acquire. The release now kills the token, and the
+// late acquire is refused.
+func TestCancelledAcquiresLeaveNothing(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	rdb := newGoRedis(t, srv.Addr)
+	locks := newLocks(t, redis.New(newGoRedis(t, srv.Addr)), lock.WithTTL(time.Minute))
+	ctx := context.Background()
+	const goroutines = 48
+	stop := time.Now().Add(2 * time.Second)
+	var cancelled atomic.Int64
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			key := fmt.Sprintf("cancel:%d", g)
+			for i := 0; time.Now().Before(stop); i++ {
+				actx, cancel := context.WithTimeout(ctx, time.Duration(i%4)*time.Millisecond)
+				l, err := locks.Acquire(actx, key)
+				cancel()
+				if err != nil {
+					if !errors.Is(err, context.DeadlineExceeded) {
+						t.Error(err)
+						return
+					}
+					cancelled.Add(1)
+					continue
+				}
+				if err := l.Release(ctx); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := locks.Close(); err != nil { // waits for the cleanups
+		t.Fatal(err)
+	}
+	left := 0
+	for _, k := range keysLeft(t, rdb) {
+		if strings.HasSuffix(k, "}") { // a lock key, not a fence counter
+			left++
+		}
+	}
+	t.Logf("%d acquires cancelled; %d locks left", cancelled.Load(), left)
+	if cancelled.Load() == 0 {
+		t.Fatal("no acquire was cancelled: the test did not test anything")
+	}
+	if left != 0 {
+		t.Fatalf("%d locks left on the store after %d cancelled acquires and Close", left, cancelled.Load())
+	}
 }
