@@ -350,3 +350,114 @@ func TestCancelledAcquiresLeaveNothing(t *testing.T) {
 		t.Fatalf("%d locks left on the store after %d cancelled acquires and Close", left, cancelled.Load())
 	}
 }
+
+// proxiedRedlock returns a Redlock client over srvs whose links to each node
+// pass through fault proxies of its own, and the proxies, in node order.
+func proxiedRedlock(t *testing.T, srvs []*redistest.Server, opts ...lock.Option) (*lock.Client, []*tcpproxy.Proxy) {
+	t.Helper()
+	var nodes []redis.Client
+	var proxies []*tcpproxy.Proxy
+	for _, s := range srvs {
+		px := tcpproxy.Start(t, s.Addr)
+		proxies = append(proxies, px)
+		nodes = append(nodes, newGoRedis(t, px.Addr))
+	}
+	r, err := redis.NewRedlock(nodes, redis.WithNodeTimeout(200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newLocks(t, r, opts...), proxies
+}
+
+// exclusive records holders of one key and fails t when one acquires while
+// another's lease is still valid.
+type exclusive struct {
+	mu  sync.Mutex
+	cur *lock.Lease
+	who string
+}
+
+func (e *exclusive) acquired(t *testing.T, who string, l *lock.Lease) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.cur != nil && e.cur.Err() == nil {
+		t.Errorf("%s acquired while %s's lease is valid for %v more: two valid leases", who, e.who, time.Until(e.cur.Deadline()))
+	}
+	e.cur, e.who = l, who
+	t.Logf("%s acquired, fence %d, valid for %v", who, l.Fence(), time.Until(l.Deadline()).Round(time.Millisecond))
+}
+
+// History 5: Redlock, a lost undo, and the next attempt reused the token.
+// W's first attempt took node A; its undo there was lost. W's next attempt,
+// with the same token, counted A's lock from the first attempt with B as a
+// majority, and got a deadline counted from the second attempt; Y took
+// {A, C} when A's lock expired, while W's lease was valid. Every attempt
+// now has a fresh token, so a lock left by an earlier one is another
+// owner's.
+func TestRedlockAttemptCountsOnlyItsOwnGrants(t *testing.T) {
+	srvs := startN(t, 3, redistest.NoPersistence)
+	opts := []lock.Option{lock.WithTTL(4 * time.Second), lock.WithAutoRenew(false)}
+	warm, _ := proxiedRedlock(t, srvs, opts...)
+	warmUp(t, warm)
+	x, xp := proxiedRedlock(t, srvs, opts...)
+	w, wp := proxiedRedlock(t, srvs, opts...)
+	y, yp := proxiedRedlock(t, srvs, opts...)
+	ctx := context.Background()
+	const A, B, C = 0, 1, 2
+
+	xp[A].Cut() // X holds {B, C}
+	xl, err := x.TryAcquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ex exclusive
+	ex.acquired(t, "X", xl)
+
+	// W's first attempt takes A; B and C are X's. B's reply to W is held
+	// until W's link to A drops requests, so that W's undo on A is lost
+	// (and so is W's subscription to A's wake-ups, which holds W's next
+	// attempt back for the notifier's confirmation timeout, 2s).
+	wp[B].Hold(tcpproxy.ToClient)
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer wcancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() {
+		l, err := w.Acquire(wctx, "k")
+		if err != nil {
+			if wctx.Err() == nil {
+				t.Errorf("W: %v", err)
+			}
+			return
+		}
+		ex.acquired(t, "W", l)
+	})
+	nodeA := newGoRedis(t, srvs[A].Addr)
+	for nodeA.Get(ctx, "lock:{k}").Val() == "" {
+		time.Sleep(time.Millisecond) // poll node A until W's attempt took it
+	}
+	wp[A].Drop(tcpproxy.ToServer)
+	wp[B].Deliver(tcpproxy.ToClient)
+	time.Sleep(400 * time.Millisecond) // the lost undo and subscription are sent
+	// C goes away for W, X releases, and A comes back for W: W's next
+	// attempt sees A (still locked by its first attempt) and B (free).
+	wp[C].Cut()
+	ex.mu.Lock()
+	ex.cur = nil // X's release is in order
+	ex.mu.Unlock()
+	if err := xl.Release(ctx); err != nil {
+		t.Fatalf("X's release: %v", err)
+	}
+	wp[A].Pass(tcpproxy.ToServer)
+	// Y cannot reach B: it can only ever hold {A, C}.
+	yp[B].Cut()
+	yctx, ycancel := context.WithTimeout(ctx, 10*time.Second)
+	defer ycancel()
+	yl, err := y.Acquire(yctx, "k")
+	if err != nil {
+		t.Fatalf("Y: %v", err)
+	}
+	ex.acquired(t, "Y", yl)
+	yl.Release(ctx)
+	wcancel()
+}
