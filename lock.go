@@ -244,6 +244,9 @@ func (c *Client) checkTTL(cfg *config) error {
 	if c.caps.MinTTL > 0 && ttl < c.caps.MinTTL {
 		return invalid(ErrInvalidTTL, "TTL %v is below this backend's minimum of %v", ttl, c.caps.MinTTL)
 	}
+	if c.caps.MaxTTL > 0 && ttl > c.caps.MaxTTL {
+		return invalid(ErrInvalidTTL, "TTL %v is above this backend's maximum of %v", ttl, c.caps.MaxTTL)
+	}
 	if d := cfg.driftFor(ttl); d >= ttl {
 		return invalid(ErrInvalidTTL, "TTL %v leaves no validity after the drift allowance of %v; use a TTL above %v or a smaller WithDrift", ttl, d, d)
 	}

@@ -215,6 +215,12 @@ type Capabilities struct {
 	// MinTTL is the shortest TTL the store accepts. Package lock rejects
 	// shorter ones with ErrInvalid before calling the backend.
 	MinTTL time.Duration
+	// MaxTTL is the longest TTL the store accepts; 0 means no limit.
+	// Package lock rejects longer ones with ErrInvalid before calling the
+	// backend. (Redlock bounds it: a node that comes back empty waits
+	// MaxTTL before it votes again, so that every lock it forgot has
+	// expired.)
+	MaxTTL time.Duration
 	// Granularity is the unit the store rounds TTLs up to (1ms for Redis
 	// PX, 1s for etcd leases). Zero means exact.
 	Granularity time.Duration

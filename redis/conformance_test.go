@@ -149,6 +149,7 @@ func newRedlockHarness(t *testing.T, n int, mode string) *redlockHarness {
 	for i := 0; i < n; i++ {
 		h.srvs = append(h.srvs, redistest.Start(t, mode))
 	}
+	initNodes(t, h.srvs)
 	return h
 }
 
@@ -166,7 +167,7 @@ func (h *redlockHarness) NewBackend(context.Context) (backend.Backend, error) {
 	for i, c := range rdbs {
 		nodes[i] = c
 	}
-	r, err := redis.NewRedlock(nodes, redis.WithDurableFence(true), redis.WithNodeTimeout(redlockNodeTimeout))
+	r, err := redis.NewRedlock(nodes, redis.WithDurableFence(true), redis.WithNodeTimeout(redlockNodeTimeout), redis.WithMaxTTL(10*time.Minute))
 	if err != nil {
 		return nil, err
 	}

@@ -101,10 +101,21 @@ type options struct {
 	prefix       string
 	durableFence bool
 	nodeTimeout  time.Duration
+	maxTTL       time.Duration
 	closeClients bool
 }
 
-func defaultOptions() options { return options{prefix: DefaultPrefix} }
+func defaultOptions() options { return options{prefix: DefaultPrefix, maxTTL: DefaultMaxTTL} }
+
+// DefaultMaxTTL is the longest TTL a Redlock grants unless WithMaxTTL says
+// otherwise.
+const DefaultMaxTTL = time.Minute
+
+// WithMaxTTL sets the longest TTL a Redlock grants (default DefaultMaxTTL).
+// A node that comes back empty waits this long before it votes again, so
+// that every lock it forgot has expired (see Redlock). Ignored by the
+// single-node backend.
+func WithMaxTTL(d time.Duration) Option { return func(o *options) { o.maxTTL = d } }
 
 // WithPrefix sets the prefix of every key the backend writes. Default
 // DefaultPrefix.

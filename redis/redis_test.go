@@ -170,12 +170,32 @@ func redlockOver(t *testing.T, srvs []*redistest.Server, opts ...redis.Option) (
 	return r, rdbs
 }
 
+// startN starts n new servers, marked as new Redlock nodes (see
+// Redlock.InitNewNodes).
 func startN(t *testing.T, n int, mode string) []*redistest.Server {
 	var out []*redistest.Server
 	for i := 0; i < n; i++ {
 		out = append(out, redistest.Start(t, mode))
 	}
+	initNodes(t, out)
 	return out
+}
+
+// initNodes marks new servers as Redlock nodes that vote at once.
+func initNodes(t *testing.T, srvs []*redistest.Server, opts ...redis.Option) {
+	t.Helper()
+	var nodes []redis.Client
+	for _, s := range srvs {
+		nodes = append(nodes, newGoRedis(t, s.Addr))
+	}
+	r, err := redis.NewRedlock(nodes, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if n, err := r.InitNewNodes(context.Background()); err != nil || n != len(srvs) {
+		t.Fatalf("InitNewNodes: %d of %d, %v", n, len(srvs), err)
+	}
 }
 
 func TestRedlockMinorityDown(t *testing.T) {
@@ -246,6 +266,9 @@ func keysLeft(t *testing.T, rdb *goredis.Client) []string {
 	ctx := context.Background()
 	var left []string
 	for _, k := range rdb.Keys(ctx, "*").Val() {
+		if k == "lock:redlock:node" {
+			continue // the node's state
+		}
 		if !strings.Contains(k, ":dead:") {
 			left = append(left, k)
 			continue
@@ -302,10 +325,14 @@ func TestRedlockEverySubsetPreoccupied(t *testing.T) {
 	}
 }
 
+// History 4 of issue 8, one node at a time: a node that comes back empty
+// votes again only after the maximum TTL, with fence counters adopted from
+// the others, and fences keep increasing through every restart.
 func TestRedlockNodeRestartedEmptyKeepsFencesIncreasing(t *testing.T) {
 	srvs := startN(t, 3, redistest.AOFAlways)
-	r, _ := redlockOver(t, srvs)
-	locks := newLocks(t, r)
+	const maxTTL = 500 * time.Millisecond
+	r, rdbs := redlockOver(t, srvs, redis.WithMaxTTL(maxTTL))
+	locks := newLocks(t, r, lock.WithTTL(maxTTL))
 	ctx := context.Background()
 	var last uint64
 	acquire := func(rounds int) {
@@ -325,8 +352,22 @@ func TestRedlockNodeRestartedEmptyKeepsFencesIncreasing(t *testing.T) {
 		}
 	}
 	acquire(20)
+	ctx2, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
 	for i := range srvs {
 		srvs[i].Restart(false) // this node loses everything; the other two keep theirs
+		acquire(20)
+		// It votes again once the wait is over and it adopted the
+		// counters: before the next node restarts.
+		for rdbs[i].Get(ctx2, "lock:redlock:node").Val() != "ready" {
+			if ctx2.Err() != nil {
+				t.Fatalf("node %d never became ready after its restart", i)
+			}
+			acquire(1)
+		}
+		if f, _ := rdbs[i].Get(ctx, "lock:{k}:fence").Int64(); f < int64(last)-1 {
+			t.Fatalf("node %d adopted fence counter %d; the others had %d", i, f, last)
+		}
 		acquire(20)
 	}
 }

@@ -39,18 +39,41 @@ import (
 // to F_A while holding their locks. B holds the locks of a majority M_B, and
 // on each node of M_B it took the lock after A's lock there was gone, so after
 // A's raise. Two majorities share a node; there B read at least F_A, so
-// F_B > F_A. This holds while the shared node kept its data: fences stay
-// strictly increasing as long as a majority of nodes keeps its data (AOF with
-// appendfsync always on every node, or at most a minority restarted empty
-// between two acquisitions). The peers' Redlock implementations offer no fence
+// F_B > F_A. This holds while the shared node kept its data.
+//
+// # A node that comes back empty
+//
+// A node that lost its data (restarted without persistence) has forgotten
+// its locks and counters: the argument above then fails for exclusion and
+// for fences alike, with a single node lost under a partial partition. So
+// a node without its state key does not vote: it waits MaxTTL (WithMaxTTL)
+// from when an acquire first found it so, and then adopts the highest fence
+// counters of N-Q+1 other ready nodes before it votes again; see adopt.go
+// for the argument. TTLs above MaxTTL are refused.
+//
+// # Safe configuration
+//
+// 3 or 5 independent standalone servers; on each, either appendfsync always
+// (a restart keeps everything) or no persistence at all (save "" and
+// appendonly no: a restart loses everything, which the node detects). Not
+// appendfsync everysec or RDB snapshots: a node that comes back with its
+// state but without its last writes cannot tell, and may grant a lock twice
+// or repeat a fence. At most one node back empty at a time: the next may
+// restart once the first votes again. A maxmemory policy that never evicts
+// the lock keys (noeviction or volatile-*: the state key has no expiry). On
+// a new deployment, call InitNewNodes once; otherwise the first locks wait
+// MaxTTL. Node clocks may drift but must not jump forward (a node expires
+// locks by its own clock). The peers' Redlock implementations offer no fence
 // at all.
 type Redlock struct {
-	nodes  []Client
-	batch  []*batcher // one per node
-	quorum int
-	opts   options
-	notify *notifier
-	closed atomic.Bool
+	nodes    []Client
+	batch    []*batcher // one per node
+	quorum   int
+	opts     options
+	notify   *notifier
+	closed   atomic.Bool
+	adopting []atomic.Bool // per node: an adoption of fence counters runs
+	bg       sync.WaitGroup
 }
 
 var (
@@ -83,20 +106,41 @@ func NewRedlock(nodes []Client, opts ...Option) (*Redlock, error) {
 	if o.nodeTimeout < 0 {
 		return nil, fmt.Errorf("%w: redis: node timeout %v must be >= 0 (0: derived from the TTL)", backend.ErrInvalid, o.nodeTimeout)
 	}
+	if o.maxTTL < MinTTL {
+		return nil, fmt.Errorf("%w: redis: maximum TTL %v must be at least %v", backend.ErrInvalid, o.maxTTL, MinTTL)
+	}
 	batch := make([]*batcher, len(nodes))
 	for i, n := range nodes {
 		batch[i] = newBatcher(n)
 	}
-	return &Redlock{nodes: slices.Clone(nodes), batch: batch, quorum: len(nodes)/2 + 1, opts: o, notify: newNotifier(subs...)}, nil
+	return &Redlock{nodes: slices.Clone(nodes), batch: batch, quorum: len(nodes)/2 + 1, opts: o, notify: newNotifier(subs...), adopting: make([]atomic.Bool, len(nodes))}, nil
 }
 
 var (
-	// redlockAcquireScript: KEYS = lock, fence, dead token; ARGV = token,
-	// ttl ms.
+	// redlockAcquireScript: KEYS = lock, fence, dead token, node state;
+	// ARGV = token, ttl ms, maximum TTL ms. On a node that is not ready
+	// (see "A node that comes back empty") it returns {2, ms left to
+	// wait} or, once the wait is over, {3, the node's incarnation}, and
+	// changes nothing but the node state.
 	// Returns {1, counter} when it took the lock, {0, pttl, counter,
 	// holder's token} when another owner holds it (and marks the lock as
 	// waited for, as the single-node script does).
 	redlockAcquireScript = goredis.NewScript(`
+local n = redis.call('GET', KEYS[4])
+if n ~= 'ready' then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if not n then
+    n = t[1] .. '.' .. t[2]
+    redis.call('SET', KEYS[4], n)
+  end
+  local since = tonumber(string.match(n, '^(%d+)')) * 1000 + math.floor(tonumber(string.match(n, '%.(%d+)$')) / 1000)
+  local left = since + tonumber(ARGV[3]) - now
+  if left > 0 then
+    return {2, left}
+  end
+  return {3, n}
+end
 if redis.call('EXISTS', KEYS[3]) == 1 then
   return redis.error_reply('DEAD token released before')
 end
@@ -170,22 +214,49 @@ func releaseID() string {
 // errLockedHere marks a node where another owner holds the lock.
 var errLockedHere = errors.New("held by another owner")
 
+// errNotReady marks a node that came back empty and does not vote yet.
+var errNotReady = errors.New("node came back empty and does not vote yet")
+
+// nodeKey is the key that records a node's state: "ready", or the
+// incarnation (the server time when an acquire first found the node
+// empty) while it waits.
+func (r *Redlock) nodeKey() string { return r.opts.prefix + "redlock:node" }
+
+func (r *Redlock) tooLong(ttl time.Duration) error {
+	return fmt.Errorf("%w: redis: TTL %v is above this Redlock's maximum of %v (WithMaxTTL)", backend.ErrInvalid, ttl, r.opts.maxTTL)
+}
+
 // Acquire implements backend.Backend.
 func (r *Redlock) Acquire(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
 	if err := r.check(); err != nil {
 		return backend.Grant{}, err
 	}
 	start := time.Now()
+	if ttl > r.opts.maxTTL {
+		return backend.Grant{}, r.tooLong(ttl)
+	}
 	lk, fk := keys(r.opts.prefix, key)
 	dk := deadKeyOf(lk, token)
+	nk := r.nodeKey()
+	maxMs := ms(r.opts.maxTTL)
 	ch := channelOf(lk)
 	counters := make([]int64, len(r.nodes))
 	pttls := make([]int64, len(r.nodes))
 	holders := make([]string, len(r.nodes))
 	errs := r.each(ctx, ttl, func(ctx context.Context, i int, n *batcher) error {
-		res, err := n.run(ctx, redlockAcquireScript, []string{lk, fk, dk}, token, ms(ttl)).Slice()
+		res, err := n.run(ctx, redlockAcquireScript, []string{lk, fk, dk, nk}, token, ms(ttl), maxMs).Slice()
 		if err != nil {
 			return err
+		}
+		if len(res) == 2 {
+			switch code, _ := res[0].(int64); code {
+			case 2:
+				return errNotReady
+			case 3:
+				incarnation, _ := res[1].(string)
+				r.adoptInBackground(i, incarnation)
+				return errNotReady
+			}
 		}
 		ints := make([]int64, min(len(res), 3))
 		for j := range ints {
@@ -310,6 +381,9 @@ func (r *Redlock) Renew(ctx context.Context, key, token string, ttl time.Duratio
 	if err := r.check(); err != nil {
 		return backend.Grant{}, err
 	}
+	if ttl > r.opts.maxTTL {
+		return backend.Grant{}, r.tooLong(ttl)
+	}
 	lk, _ := keys(r.opts.prefix, key)
 	notHeld := 0
 	var mu sync.Mutex
@@ -415,7 +489,11 @@ func (r *Redlock) Watch(ctx context.Context, key string) (backend.Watch, error) 
 }
 
 // Capabilities implements backend.Describer.
-func (r *Redlock) Capabilities() backend.Capabilities { return capabilities(r.opts) }
+func (r *Redlock) Capabilities() backend.Capabilities {
+	c := capabilities(r.opts)
+	c.MaxTTL = r.opts.maxTTL
+	return c
+}
 
 // Close stops the subscriptions; it closes the node clients only when the
 // Redlock was opened from a URL.
@@ -424,6 +502,7 @@ func (r *Redlock) Close() error {
 		return nil
 	}
 	r.notify.close()
+	r.bg.Wait()
 	var errs []error
 	if r.opts.closeClients {
 		for _, n := range r.nodes {

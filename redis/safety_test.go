@@ -354,6 +354,11 @@ func TestCancelledAcquiresLeaveNothing(t *testing.T) {
 // proxiedRedlock returns a Redlock client over srvs whose links to each node
 // pass through fault proxies of its own, and the proxies, in node order.
 func proxiedRedlock(t *testing.T, srvs []*redistest.Server, opts ...lock.Option) (*lock.Client, []*tcpproxy.Proxy) {
+	return proxiedRedlockWith(t, srvs, nil, opts...)
+}
+
+// proxiedRedlockWith is proxiedRedlock with options for the Redlock.
+func proxiedRedlockWith(t *testing.T, srvs []*redistest.Server, ropts []redis.Option, opts ...lock.Option) (*lock.Client, []*tcpproxy.Proxy) {
 	t.Helper()
 	var nodes []redis.Client
 	var proxies []*tcpproxy.Proxy
@@ -362,7 +367,7 @@ func proxiedRedlock(t *testing.T, srvs []*redistest.Server, opts ...lock.Option)
 		proxies = append(proxies, px)
 		nodes = append(nodes, newGoRedis(t, px.Addr))
 	}
-	r, err := redis.NewRedlock(nodes, redis.WithNodeTimeout(200*time.Millisecond))
+	r, err := redis.NewRedlock(nodes, append([]redis.Option{redis.WithNodeTimeout(200 * time.Millisecond)}, ropts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -460,4 +465,66 @@ func TestRedlockAttemptCountsOnlyItsOwnGrants(t *testing.T) {
 	ex.acquired(t, "Y", yl)
 	yl.Release(ctx)
 	wcancel()
+}
+
+// History 4: Redlock, one node restarted empty, under partial partitions.
+// Nodes A, B, C; B and C run appendfsync always and never restart. X
+// acquired while C was out of its reach: X held {A, B}. A was killed and
+// restarted empty. Y, cut off from B, acquired {A, C} while X's lease was
+// valid, with X's fence. A node that comes back empty now votes only after
+// the maximum TTL, once it has adopted the others' fence counters.
+func TestRedlockNodeBackEmptyDoesNotVote(t *testing.T) {
+	a := redistest.Start(t, redistest.NoPersistence)
+	srvs := []*redistest.Server{a, redistest.Start(t, redistest.AOFAlways), redistest.Start(t, redistest.AOFAlways)}
+	initNodes(t, srvs)
+	const A, B, C = 0, 1, 2
+	const maxTTL = 2 * time.Second
+	ropts := []redis.Option{redis.WithMaxTTL(maxTTL)}
+	opts := []lock.Option{lock.WithTTL(maxTTL)} // renewed automatically
+	warm, _ := proxiedRedlockWith(t, srvs, ropts, opts...)
+	warmUp(t, warm)
+	x, xp := proxiedRedlockWith(t, srvs, ropts, opts...)
+	y, yp := proxiedRedlockWith(t, srvs, ropts, opts...)
+	z, _ := proxiedRedlockWith(t, srvs, ropts, opts...)
+	ctx := context.Background()
+
+	xp[C].Cut() // X holds {A, B}
+	xl, err := x.TryAcquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ex exclusive
+	ex.acquired(t, "X", xl)
+	a.Restart(false) // A forgets X's lock and the fence counter
+	yp[B].Cut()      // Y can only ever hold {A, C}
+
+	// Y tries every 50ms; Z, which reaches every node, makes A adopt the
+	// counters once its wait is over.
+	deadline := time.Now().Add(20 * time.Second)
+	var yl *lock.Lease
+	for yl == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("Y never acquired {A, C}: A never voted again")
+		}
+		l, err := y.TryAcquire(ctx, "k")
+		switch {
+		case err == nil:
+			yl = l
+		case errors.Is(err, lock.ErrInvalid) || errors.Is(err, lock.ErrClosed):
+			t.Fatal(err)
+		default:
+			if zl, err := z.TryAcquire(ctx, "elsewhere"); err == nil {
+				zl.Release(ctx)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	ex.acquired(t, "Y", yl)
+	if yl.Fence() <= xl.Fence() {
+		t.Errorf("Y's fence %d after X's %d: a node back empty repeated a fence", yl.Fence(), xl.Fence())
+	}
+	if !errors.Is(xl.Err(), lock.ErrLost) {
+		t.Errorf("X after A forgot its lock: %v; want lost", xl.Err())
+	}
+	yl.Release(ctx)
 }

@@ -40,7 +40,7 @@ func init() {
 	for _, scheme := range []string{"redis", "rediss", "unix"} {
 		lock.Register(scheme, single, openSingle)
 	}
-	lock.Register("redlock", append([]string{"db", "nodetimeout", "password", "username"}, ownParams...), openRedlock)
+	lock.Register("redlock", append([]string{"db", "maxttl", "nodetimeout", "password", "username"}, ownParams...), openRedlock)
 }
 
 // takeOwnParams removes this backend's parameters from u's query and returns
@@ -109,6 +109,13 @@ func openRedlock(_ context.Context, u *url.URL) (backend.Backend, error) {
 			return nil, fmt.Errorf("%w: redis: nodetimeout=%q: want a positive Go duration such as 50ms", backend.ErrInvalid, v)
 		}
 		opts = append(opts, WithNodeTimeout(d))
+	}
+	if v := q.Get("maxttl"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < MinTTL {
+			return nil, fmt.Errorf("%w: redis: maxttl=%q: want a Go duration of at least %v, such as 1m", backend.ErrInvalid, v, MinTTL)
+		}
+		opts = append(opts, WithMaxTTL(d))
 	}
 	nodes := make([]Client, 0, len(hosts))
 	for _, h := range hosts {

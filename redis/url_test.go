@@ -8,10 +8,12 @@ import (
 
 	"github.com/distlock/lock"
 	"github.com/distlock/lock/internal/redistest"
+	"github.com/distlock/lock/redis"
 )
 
 func TestOpenURLs(t *testing.T) {
 	srvs := startN(t, 3, redistest.NoPersistence)
+	initNodes(t, srvs, redis.WithPrefix("app:"))
 	ctx := context.Background()
 	for _, u := range []string{
 		"redis://" + srvs[0].Addr + "/0?prefix=app:&durablefence=false&ttl=5s&pool_size=4",
@@ -44,6 +46,7 @@ func TestOpenURLs(t *testing.T) {
 		{"redlock://?nodetimeout=1s", "names no nodes"},
 		{"redlock://" + srvs[0].Addr + "?nodetimeout=fast", "positive Go duration"},
 		{"redlock://" + srvs[0].Addr + ",," + srvs[1].Addr, "empty node"},
+		{"redlock://" + srvs[0].Addr + "?maxttl=1ms", "at least 10ms"},
 	}
 	for _, tc := range bad {
 		c, err := lock.Open(ctx, tc.url)

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/distlock/lock/internal/redistest"
+	"github.com/distlock/lock/redis"
 )
 
 func TestMain(m *testing.M) {
@@ -244,9 +245,20 @@ func TestDemoOnRedis(t *testing.T) {
 
 func TestRunOnRedlock(t *testing.T) {
 	var addrs []string
+	var nodes []redis.Client
 	for i := 0; i < 3; i++ {
 		addrs = append(addrs, redistest.Start(t, redistest.NoPersistence).Addr)
+		nodes = append(nodes, redistest.Client(t, addrs[i]))
 	}
+	// New servers: they vote at once instead of waiting the maximum TTL.
+	r, err := redis.NewRedlock(nodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.InitNewNodes(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
 	url := "redlock://" + strings.Join(addrs, ",")
 	code, out, stderr := call(t, nil, "run", "--backend", url, "job", "--", "sh", "-c", `echo "$LOCK_FENCE"`)
 	if code != 0 || strings.TrimSpace(out) != "1" {
