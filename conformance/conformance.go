@@ -56,6 +56,19 @@ type Disconnecter interface {
 	Reconnect(ctx context.Context, b backend.Backend) error
 }
 
+// ReplyHolder is an optional Harness hook for replies lost or late after
+// the store acted: the store keeps receiving and acting on b's requests,
+// while the replies to them are held (HoldReplies) until DeliverReplies
+// delivers them, in order, or DropReplies loses them (b's connections are
+// reset, as when a reply packet is lost and the connection fails; the
+// client library may then send the request again). b is a backend the
+// harness returned from NewBackend.
+type ReplyHolder interface {
+	HoldReplies(ctx context.Context, b backend.Backend) error
+	DeliverReplies(ctx context.Context, b backend.Backend) error
+	DropReplies(ctx context.Context, b backend.Backend) error
+}
+
 // Restarter is an optional Harness hook: the store restarts, keeping its data
 // (in its documented durable configuration) or losing it. Clients returned
 // before may need to reconnect; backends are expected to do that on their
@@ -90,6 +103,11 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"CancelWhileWaiting", s.cancelWhileWaiting},
 		{"ManyKeys", s.manyKeys},
 		{"LostSignal", s.lostSignal},
+		{"LostSignalWhileRenewalsHang", s.lostSignalWhileRenewalsHang},
+		{"DeadlineWithinStore", s.deadlineWithinStore},
+		{"RetriedAcquire", s.retriedAcquire},
+		{"CancelUnderLoad", s.cancelUnderLoad},
+		{"ReplyLost", s.replyLost},
 		{"CancelWhileStoreHangs", s.cancelWhileStoreHangs},
 		{"FenceAfterRestart", s.fenceAfterRestart},
 	}

@@ -24,6 +24,7 @@ var (
 	_ conformance.Pauser       = harness{}
 	_ conformance.Disconnecter = harness{}
 	_ conformance.Restarter    = harness{}
+	_ conformance.ReplyHolder  = harness{}
 )
 
 func (h harness) NewBackend(context.Context) (backend.Backend, error) { return h.s.NewClient(), nil }
@@ -40,6 +41,21 @@ func (h harness) Disconnect(_ context.Context, b backend.Backend) error {
 
 func (h harness) Reconnect(_ context.Context, b backend.Backend) error {
 	b.(*Client).Reconnect()
+	return nil
+}
+
+func (h harness) HoldReplies(_ context.Context, b backend.Backend) error {
+	b.(*Client).HoldReplies()
+	return nil
+}
+
+func (h harness) DeliverReplies(_ context.Context, b backend.Backend) error {
+	b.(*Client).DeliverReplies()
+	return nil
+}
+
+func (h harness) DropReplies(_ context.Context, b backend.Backend) error {
+	b.(*Client).DropReplies()
 	return nil
 }
 

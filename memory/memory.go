@@ -45,6 +45,7 @@ package memory
 import (
 	"container/list"
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"sync"
@@ -76,6 +77,7 @@ type shard struct {
 	locks    map[string]entry
 	watchers map[string]*list.List // of *watch, in arrival order
 	sweepAt  int                   // sweep expired entries when locks grows past this
+	released map[string]string     // key -> the token whose release freed it last
 }
 
 type entry struct {
@@ -170,6 +172,7 @@ func (s *Store) Restart(mode RestartMode) {
 		sh.mu.Lock()
 		if mode == LoseData {
 			clear(sh.locks)
+			clear(sh.released)
 		}
 		for _, ws := range sh.watchers {
 			for e := ws.Front(); e != nil; e = e.Next() {
@@ -214,9 +217,12 @@ func (s *Store) Watchers() int {
 // Client is one connection to a Store. It implements backend.Backend,
 // backend.Notifier, backend.Describer and backend.Inspector.
 type Client struct {
-	s      *Store
-	gate   gate // Disconnect/Reconnect
-	closed atomic.Bool
+	s       *Store
+	gate    gate // Disconnect/Reconnect
+	replies gate // HoldReplies/DeliverReplies
+	dropMu  sync.Mutex
+	dropped chan struct{} // closed by DropReplies
+	closed  atomic.Bool
 }
 
 var (
@@ -235,6 +241,63 @@ func (c *Client) Disconnect() { c.gate.close() }
 
 // Reconnect undoes Disconnect.
 func (c *Client) Reconnect() { c.gate.open() }
+
+// HoldReplies simulates replies held on the network: the client's requests
+// still reach the store and take effect, but Acquire, Renew and Release
+// return only after DeliverReplies (or their context's end, or
+// DropReplies).
+func (c *Client) HoldReplies() {
+	c.dropMu.Lock()
+	if c.dropped == nil {
+		c.dropped = make(chan struct{})
+	}
+	c.dropMu.Unlock()
+	c.replies.close()
+}
+
+// DeliverReplies undoes HoldReplies: held replies arrive.
+func (c *Client) DeliverReplies() { c.replies.open() }
+
+// DropReplies loses the held replies: the calls waiting for them return
+// ErrReplyLost (their requests took effect), and later replies arrive.
+func (c *Client) DropReplies() {
+	c.dropMu.Lock()
+	if c.dropped != nil {
+		close(c.dropped)
+		c.dropped = nil
+	}
+	c.dropMu.Unlock()
+	c.replies.open()
+}
+
+// ErrReplyLost is returned by a call whose reply DropReplies lost: the
+// request took effect on the store, and the caller cannot know how.
+var ErrReplyLost = errors.New("memory: the reply was lost (simulated)")
+
+// replied returns err once the reply may arrive: at once unless replies
+// are held.
+func (c *Client) replied(ctx context.Context, err error) error {
+	if !c.replies.closed.Load() {
+		return err
+	}
+	c.dropMu.Lock()
+	dropped := c.dropped
+	c.dropMu.Unlock()
+	c.replies.mu.Lock()
+	open := c.replies.ch
+	c.replies.mu.Unlock()
+	if open == nil {
+		return err
+	}
+	select {
+	case <-open:
+		return err
+	case <-dropped:
+		return ErrReplyLost
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
 
 // Close closes the client. Locks it holds stay until they expire.
 func (c *Client) Close() error {
@@ -278,6 +341,11 @@ func checkTTL(ttl time.Duration) error {
 
 // Acquire implements backend.Backend.
 func (c *Client) Acquire(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
+	g, err := c.acquire(ctx, key, token, ttl)
+	return g, c.replied(ctx, err)
+}
+
+func (c *Client) acquire(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
 	if err := c.enter(ctx); err != nil {
 		return backend.Grant{}, err
 	}
@@ -321,10 +389,16 @@ func (sh *shard) maybeSweep(now time.Duration) {
 		}
 	}
 	sh.sweepAt = max(64, 2*len(sh.locks))
+	clear(sh.released) // releases sent again come at once, if at all, in a process
 }
 
 // Renew implements backend.Backend.
 func (c *Client) Renew(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
+	g, err := c.renew(ctx, key, token, ttl)
+	return g, c.replied(ctx, err)
+}
+
+func (c *Client) renew(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
 	if err := c.enter(ctx); err != nil {
 		return backend.Grant{}, err
 	}
@@ -353,6 +427,10 @@ func (c *Client) Renew(ctx context.Context, key, token string, ttl time.Duration
 
 // Release implements backend.Backend.
 func (c *Client) Release(ctx context.Context, key, token string) error {
+	return c.replied(ctx, c.release(ctx, key, token))
+}
+
+func (c *Client) release(ctx context.Context, key, token string) error {
 	if err := c.enter(ctx); err != nil {
 		return err
 	}
@@ -362,12 +440,19 @@ func (c *Client) Release(ctx context.Context, key, token string) error {
 	defer sh.mu.Unlock()
 	e, ok := sh.locks[key]
 	if !ok || (e.token != token && !s.flaws.releaseIgnoresToken) {
+		if sh.released[key] == token {
+			return nil // sent again after it took effect
+		}
 		return backend.ErrNotHeld
 	}
 	delete(sh.locks, key)
 	if s.now() >= e.expires {
 		return backend.ErrNotHeld // it had expired: the caller had lost it
 	}
+	if sh.released == nil {
+		sh.released = map[string]string{}
+	}
+	sh.released[key] = token
 	sh.wakeFirst(key)
 	return nil
 }

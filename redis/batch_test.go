@@ -213,7 +213,7 @@ func TestPipelineAfterScriptFlush(t *testing.T) {
 	var batch []*call
 	for i := 0; i < 3; i++ {
 		lk, fk := keys(b.opts.prefix, fmt.Sprint("flushed-", i))
-		batch = append(batch, &call{ctx: ctx, script: acquireScript, keys: []string{lk, fk, lk + ":dead:t"}, args: []any{"t", 60000}, done: make(chan struct{})})
+		batch = append(batch, &call{ctx: ctx, script: acquireScript, keys: []string{lk, fk, lk + ":dead:t", lk + ":next"}, args: []any{"t", 60000}, done: make(chan struct{})})
 	}
 	b.batch.sendOne(batch)
 	for i, c := range batch {

@@ -69,6 +69,38 @@ func (p *proxied) Reconnect(_ context.Context, b backend.Backend) error {
 	return nil
 }
 
+// HoldReplies, DeliverReplies and DropReplies act on the server-to-client
+// direction of b's proxies: requests still reach the servers.
+func (p *proxied) HoldReplies(_ context.Context, b backend.Backend) error {
+	return p.each(b, func(px *tcpproxy.Proxy) { px.Hold(tcpproxy.ToClient) })
+}
+
+func (p *proxied) DeliverReplies(_ context.Context, b backend.Backend) error {
+	return p.each(b, func(px *tcpproxy.Proxy) { px.Deliver(tcpproxy.ToClient) })
+}
+
+func (p *proxied) DropReplies(_ context.Context, b backend.Backend) error {
+	return p.each(b, func(px *tcpproxy.Proxy) {
+		px.Reset() // held replies go with the connections
+		px.Deliver(tcpproxy.ToClient)
+	})
+}
+
+func (p *proxied) each(b backend.Backend, f func(*tcpproxy.Proxy)) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, px := range p.proxies[b] {
+		f(px)
+	}
+	return nil
+}
+
+var (
+	_ conformance.ReplyHolder  = (*singleHarness)(nil)
+	_ conformance.ReplyHolder  = (*redlockHarness)(nil)
+	_ conformance.Disconnecter = (*singleHarness)(nil)
+)
+
 // singleHarness is one redis-server.
 type singleHarness struct {
 	proxied

@@ -229,13 +229,14 @@ func ms(ttl time.Duration) int64 {
 // second release succeeds. A request delayed on the wire longer than the
 // tombstone lives can still take the lock; it then expires after its TTL.
 var (
-	// acquireScript: KEYS = lock, fence, dead token; ARGV = token, ttl
-	// ms. Returns the fence (> 0) when it took the lock, or minus the
+	// acquireScript: KEYS = lock, fence, dead token, next (see
+	// transferScript); ARGV = token, ttl ms. Returns the fence (> 0) when it took the lock, or minus the
 	// holder's PTTL (<= 0) after marking the lock as waited for, or the
 	// error DEAD for a released token. A request that finds its own token
 	// (go-redis sent it again after a lost reply; the first one took the
-	// lock) returns the fence the first one got: the lock's expiry is the
-	// first one's, which arrived after this attempt was sent.
+	// lock) returns the fence the first one got and sets the expiry to the
+	// TTL from now, as a new grant would: whoever counts a deadline from
+	// this request's send time stays within the store's expiry.
 	acquireScript = goredis.NewScript(`
 if redis.call('EXISTS', KEYS[3]) == 1 then
   return redis.error_reply('DEAD token released before')
@@ -245,8 +246,9 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 end
 local v = redis.call('GET', KEYS[1])
 if v == ARGV[1] or v == ARGV[1] .. '+' then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
   local c = redis.call('GET', KEYS[2])
-  if redis.call('GET', KEYS[1] .. ':next') == c then
+  if redis.call('GET', KEYS[4]) == c then
     return tonumber(c) - 1
   end
   return tonumber(c)
@@ -397,7 +399,7 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Durat
 		return backend.Grant{}, err
 	}
 	lk, fk := keys(b.opts.prefix, key)
-	res, err := b.batch.run(ctx, acquireScript, []string{lk, fk, deadKeyOf(lk, token)}, token, ms(ttl)).Int64()
+	res, err := b.batch.run(ctx, acquireScript, []string{lk, fk, deadKeyOf(lk, token), nextKeyOf(lk)}, token, ms(ttl)).Int64()
 	if err != nil {
 		return backend.Grant{}, acquireErr(err)
 	}

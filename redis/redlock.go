@@ -124,7 +124,9 @@ var (
 	// changes nothing but the node state.
 	// Returns {1, counter} when it took the lock, {0, pttl, counter,
 	// holder's token} when another owner holds it (and marks the lock as
-	// waited for, as the single-node script does).
+	// waited for, as the single-node script does). A request that finds
+	// its own token (go-redis sent it again) sets the expiry to the TTL
+	// from now, as a new grant would, and reports the token as holder.
 	redlockAcquireScript = goredis.NewScript(`
 local n = redis.call('GET', KEYS[4])
 if n ~= 'ready' then
@@ -150,9 +152,16 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 end
 local v = redis.call('GET', KEYS[1])
 if string.byte(v, -1) ~= 43 then
+  if v == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {0, tonumber(ARGV[2]), c, v}
+  end
   redis.call('APPEND', KEYS[1], '+')
 else
   v = string.sub(v, 1, -2)
+  if v == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  end
 end
 return {0, redis.call('PTTL', KEYS[1]), c, v}`)
 
