@@ -135,7 +135,11 @@ func (l *Lease) TTL() time.Duration { return l.ttl }
 // Deadline returns when the lease stops being valid unless renewed: the send
 // time of the last successful acquire or renew request, plus the TTL, minus
 // the drift allowance, on the client's clock. A lease handed over ahead of
-// the store (see Client.Acquire) starts with the previous holder's deadline.
+// the store (see Client.Acquire) is valid, until the handover lands, until
+// the earlier of the previous holder's deadline and its own TTL less drift
+// from before the handover was sent. It is never later than the store's
+// expiry of the lock for this lease's token, as measured from requests
+// this client sent (see validity).
 func (l *Lease) Deadline() time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -265,11 +269,29 @@ const handoverMargin = 4 // TTL/4
 // whether the release is done, and its error.
 //
 // When a fence was reserved for the next holder (by the transfer that
-// brought the lock to l), the next holder starts at once: it is valid until
-// l's deadline, the store keeps holding the lock for l's token until then
-// at least, and the transfer goes out in the background; when it lands, the
-// next holder's deadline moves on as after a renewal. Otherwise the
-// transfer is one request, and the next holder starts when it returns.
+// brought the lock to l), the next holder starts at once, ahead of the
+// store, and the transfer goes out in the background. Why that keeps the
+// promise, whatever happens to the transfer:
+//   - Exclusion. Until the transfer lands, the store holds the lock for l's
+//     token, at least until l's deadline plus drift (l's own invariant).
+//     Once it lands, it holds it for the next token from its arrival plus
+//     the next holder's TTL, and the transfer is sent after now. So the
+//     next holder is valid until the earlier of l's deadline and now plus
+//     its TTL less drift (validity.inherit): within the store's expiry in
+//     either case, even if the transfer is lost, late, or cut off.
+//   - Fences. The reserved fence is above every fence granted so far and
+//     below every fence granted later (Transferer contract), and l held
+//     the lock when it was reserved.
+//   - Failure. If the transfer finds the lock gone, the next holder is lost
+//     at once. If its outcome is unknown, the next holder is lost at once,
+//     before anyone is told anything else, and both tokens are released
+//     (killed, on stores that order requests loosely: a late transfer to a
+//     released token is refused).
+//
+// Otherwise the transfer is one request, and the next holder starts when
+// it returns, with its deadline counted from the send; a transfer of
+// unknown outcome releases the waiter's token (the waiter asks the store
+// with fresh tokens) and l's release goes on as usual.
 func (l *Lease) transferToNext(ctx context.Context) (bool, error) {
 	c := l.c
 	if c.transfer == nil || c.caps.InProcess {

@@ -163,10 +163,11 @@ func (c *Client) TryAcquire(ctx context.Context, key string, opts ...Option) (*L
 // arrival order, and only the first asks the store; on a backend that can
 // transfer a lock (backend.Transferer) a release hands the lock straight to
 // the next of them. From the second handoff of a run on, the next goroutine
-// starts the moment the holder releases, ahead of the store: its lease is
-// valid until the previous holder's deadline, with a fence the store
-// reserved for it, while the transfer travels; when the transfer lands the
-// lease carries on as after a renewal, and if it fails the lease is lost.
+// starts the moment the holder releases, ahead of the store: while the
+// transfer travels, its lease is valid until the earlier of the previous
+// holder's deadline and its own TTL (less drift) from the release, with a
+// fence the store reserved for it; when the transfer lands the lease
+// carries on as after a renewal, and if it fails the lease is lost.
 // Waiters in other processes contend through the store.
 func (c *Client) Acquire(ctx context.Context, key string, opts ...Option) (*Lease, error) {
 	return c.acquire(ctx, "acquire", key, true, opts)

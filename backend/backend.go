@@ -74,9 +74,20 @@ type Backend interface {
 	// cannot get one either, because of concurrent attempts, undoes its
 	// partial grant and returns ErrContended.
 	//
-	// If token already holds key, Acquire returns ErrLocked too: a token is
-	// used for one acquisition only, and re-entrancy is not part of the
-	// contract.
+	// A token is used for one acquisition attempt only, and re-entrancy is
+	// not part of the contract. If token already holds key (a client
+	// library sent the request again after a lost reply), Acquire either
+	// returns ErrLocked or grants it again: with the fence it was granted,
+	// and with the store's expiry set to ttl from this request, as for a
+	// new grant (the caller counts its deadline from this request's send
+	// time).
+	//
+	// Requests may reach the store out of order: an acquire may arrive
+	// after the Release that was sent to undo it (the caller gave up while
+	// it was on its way), or twice. A store that can receive requests out
+	// of order must make a released token dead for a while: an Acquire
+	// with a token released before must not take the lock (return an
+	// error wrapping ErrInvalid). Say in the package doc how long.
 	Acquire(ctx context.Context, key, token string, ttl time.Duration) (Grant, error)
 
 	// Renew extends the lock that token holds on key to ttl from now and
@@ -87,7 +98,12 @@ type Backend interface {
 	Renew(ctx context.Context, key, token string, ttl time.Duration) (Grant, error)
 
 	// Release frees key if token holds it. Otherwise it returns ErrNotHeld
-	// and changes nothing.
+	// and changes nothing on the lock. A release sent again after it took
+	// effect (a client library's retry after a lost reply) returns nil, at
+	// least shortly after the first: package lock would otherwise report
+	// a lease held until its release as lost. Release is also how package
+	// lock undoes an acquire whose outcome it does not know: see Acquire
+	// about tokens released before.
 	Release(ctx context.Context, key, token string) error
 
 	// Close releases the backend's resources. It does not release held locks;

@@ -40,6 +40,7 @@ type notifier struct {
 
 	mu       sync.Mutex
 	channels map[string]*channelState
+	leaving  map[string]chan struct{} // channels being unsubscribed; closed when done
 	closed   bool
 	wg       sync.WaitGroup // dispatchers
 }
@@ -60,7 +61,7 @@ type channelState struct {
 }
 
 func newNotifier(subs ...Subscriber) *notifier {
-	n := &notifier{channels: map[string]*channelState{}}
+	n := &notifier{channels: map[string]*channelState{}, leaving: map[string]chan struct{}{}}
 	for _, s := range subs {
 		n.nodes = append(n.nodes, &pubsubNode{sub: s})
 	}
@@ -72,6 +73,21 @@ func newNotifier(subs ...Subscriber) *notifier {
 // missed on that node.
 func (n *notifier) watch(ctx context.Context, channel string) (backend.Watch, error) {
 	n.mu.Lock()
+	for {
+		// An UNSUBSCRIBE still on its way would cancel a new SUBSCRIBE
+		// sent before it: wait for it, outside the lock.
+		left, ok := n.leaving[channel]
+		if !ok {
+			break
+		}
+		n.mu.Unlock()
+		select {
+		case <-left:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		n.mu.Lock()
+	}
 	if n.closed {
 		n.mu.Unlock()
 		return nil, backend.ErrClosed
@@ -219,18 +235,40 @@ func (n *notifier) leave(w *watch, took bool) {
 	st.idle = time.AfterFunc(unsubscribeAfter, func() { n.unsubscribe(w.channel, st) })
 }
 
+// unsubscribe drops channel's subscription on every node. The requests go
+// out without the notifier's lock, each node on its own and bounded by
+// confirmTimeout: a node that hangs (a reconnect that waits for its dial
+// timeout, say) must not stall the waiters of other keys.
 func (n *notifier) unsubscribe(channel string, st *channelState) {
 	n.mu.Lock()
-	defer n.mu.Unlock()
 	if n.channels[channel] != st || st.watchers.Len() > 0 || n.closed {
+		n.mu.Unlock()
 		return
 	}
 	delete(n.channels, channel)
+	var subs []*goredis.PubSub
 	for _, node := range n.nodes {
 		if node.ps != nil {
-			_ = node.ps.Unsubscribe(context.Background(), channel)
+			subs = append(subs, node.ps)
 		}
 	}
+	done := make(chan struct{})
+	n.leaving[channel] = done
+	n.wg.Add(1)
+	n.mu.Unlock()
+	defer n.wg.Done()
+
+	ctx, cancel := context.WithTimeout(context.Background(), confirmTimeout)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, ps := range subs {
+		wg.Go(func() { _ = ps.Unsubscribe(ctx, channel) })
+	}
+	wg.Wait()
+	n.mu.Lock()
+	delete(n.leaving, channel)
+	close(done)
+	n.mu.Unlock()
 }
 
 func (n *notifier) close() {
