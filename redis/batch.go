@@ -35,7 +35,13 @@ const maxOnWire = 4
 //
 // A queued call whose context ends returns the context's error at once; if
 // it was already in a pipeline, its script may still run, which is the same
-// unknown outcome as a call cut short on the wire.
+// unknown outcome as a call cut short on the wire. Why that is safe: package
+// lock undoes an acquire of unknown outcome with a release of its token,
+// which may reach the server before the pipeline does (another connection);
+// the release kills the token (see Dead tokens in redis.go), so the late
+// acquire is refused instead of taking the lock for a whole TTL. The same
+// holds for a script the NOSCRIPT fallback below sends again after the rest
+// of its pipeline.
 type batcher struct {
 	rdb  Client
 	pipe pipeliner // nil: no pipelining
