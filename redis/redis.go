@@ -187,9 +187,11 @@ func nextKeyOf(lockKey string) string { return lockKey + ":next" }
 // deadKeyOf returns the tombstone key of a released token (see Dead tokens).
 func deadKeyOf(lockKey, token string) string { return lockKey + ":dead:" + token }
 
-// deadTokenTTL is the shortest life of a released token's tombstone: longer
-// than go-redis takes to send a request again after a lost reply (three
-// retries of at most 512ms backoff and a 3s read timeout each).
+// deadTokenTTL is the life of a released token's tombstone: longer than
+// go-redis takes to send a request again after a lost reply (three retries
+// of at most 512ms backoff and a 3s read timeout each). The price: one key
+// of about 100 bytes per release, for that long (at 50,000 releases a
+// second, about 75 MB), and the server's work to create and expire it.
 const deadTokenTTL = 15 * time.Second
 
 // deadMs is deadTokenTTL in milliseconds, as the release script takes it.
@@ -212,31 +214,31 @@ func ms(ttl time.Duration) int64 {
 // # Dead tokens
 //
 // A token is used for one acquisition attempt. Releasing it kills it: the
-// release script, whether or not the token held the lock, leaves a
-// tombstone key for the token (deadKeyOf) that lives at least
-// deadTokenTTL, and as long as the lock would have lived. The acquire
-// scripts refuse a dead token, and a release of a token that died holding
-// the lock answers "released" again. Why: requests are not always
-// executed in the order they were sent. go-redis sends a request again on
-// a new connection after a lost reply while the first may still be
-// queued; an acquire whose caller gave up (context ended while it was in a
-// pipeline, or a Redlock node answered too late) is undone by a release
-// sent on another connection, which the server may run first. Without the
-// tombstone, such an acquire landing after its undo takes the lock for a
-// whole TTL with nobody to release it, and a release landing twice reports
-// a lock held until its release as lost. With it, order on the wire does
-// not matter while the tombstone lives: the late acquire is refused, the
-// second release succeeds. A request delayed on the wire longer than the
-// tombstone lives can still take the lock; it then expires after its TTL.
+// release script, whether or not the token held the lock, leaves a tombstone
+// key for the token (deadKeyOf) that lives deadTokenTTL. The acquire scripts
+// refuse a dead token, and a release of a token that died holding the lock
+// answers "released" again. Why: requests are not always executed in the order
+// they were sent. go-redis sends a request again on a new connection after a
+// lost reply while the first may still be queued; an acquire whose caller gave
+// up (context ended while it was in a pipeline, or a Redlock node answered too
+// late) is undone by a release sent on another connection, which the server
+// may run first. Without the tombstone, such an acquire landing after its undo
+// takes the lock for a whole TTL with nobody to release it, and a release
+// landing twice reports a lock held until its release as lost. With it, order
+// on the wire does not matter while the tombstone lives: the late acquire is
+// refused, the second release succeeds. A request delayed on the wire longer
+// than the tombstone lives can still take the lock; it then expires after its
+// TTL.
 var (
 	// acquireScript: KEYS = lock, fence, dead token, next (see
-	// transferScript); ARGV = token, ttl ms. Returns the fence (> 0) when it took the lock, or minus the
-	// holder's PTTL (<= 0) after marking the lock as waited for, or the
-	// error DEAD for a released token. A request that finds its own token
-	// (go-redis sent it again after a lost reply; the first one took the
-	// lock) returns the fence the first one got and sets the expiry to the
-	// TTL from now, as a new grant would: whoever counts a deadline from
-	// this request's send time stays within the store's expiry.
+	// transferScript); ARGV = token, ttl ms. Returns the fence (> 0) when
+	// it took the lock, or minus the holder's PTTL (<= 0) after marking
+	// the lock as waited for, or the error DEAD for a released token. A
+	// request that finds its own token (go-redis sent it again after a
+	// lost reply; the first one took the lock) returns the fence the first
+	// one got and sets the expiry to the TTL from now, as a new grant
+	// would: whoever counts a deadline from this request's send time stays
+	// within the store's expiry.
 	acquireScript = goredis.NewScript(`
 if redis.call('EXISTS', KEYS[3]) == 1 then
   return redis.error_reply('DEAD token released before')
@@ -280,10 +282,8 @@ return redis.call('PEXPIRE', KEYS[1], ARGV[2])`)
 	releaseScript = goredis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if v == ARGV[1] or v == ARGV[1] .. '+' then
-  local p = redis.call('PTTL', KEYS[1])
   redis.call('DEL', KEYS[1])
-  if p < tonumber(ARGV[2]) then p = ARGV[2] end
-  redis.call('SET', KEYS[2], '1', 'PX', p)
+  redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
   if v ~= ARGV[1] then
     redis.call('PUBLISH', ARGV[3] or KEYS[1] .. ':released', ARGV[4] or ARGV[1])
   end
