@@ -47,6 +47,10 @@
 //	replica + failover         | no: replication is    | may repeat          | never for strict safety;
 //	(Sentinel, Cluster)        | asynchronous          |                     | use Redlock or etcd
 //
+// Redlock has its own safe configuration (see Redlock): every node with
+// appendfsync always or with no persistence at all, one node back empty at
+// a time, TTLs up to WithMaxTTL.
+//
 // Redis expires keys by its own wall clock: a server clock stepped forward
 // expires locks early. Without persistence, a restarted server forgets every
 // lock at once: delay restarts by the longest TTL in use.

@@ -384,11 +384,12 @@ func TestRetriedAcquireFindsItsOwnLock(t *testing.T) {
 	for name, b := range map[string]backend.Backend{"single": single, "redlock": rl} {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
-			first, err := b.Acquire(ctx, "retried", "tok", time.Minute)
+			tok := "tok-" + name // tokens are for one acquisition: one per backend over the same servers
+			first, err := b.Acquire(ctx, "retried", tok, time.Minute)
 			if err != nil {
 				t.Fatal(err)
 			}
-			again, err := b.Acquire(ctx, "retried", "tok", time.Minute)
+			again, err := b.Acquire(ctx, "retried", tok, time.Minute)
 			if err != nil {
 				t.Fatalf("the same acquire sent again: %v; want the lock it already took", err)
 			}
@@ -403,10 +404,10 @@ func TestRetriedAcquireFindsItsOwnLock(t *testing.T) {
 				t.Fatalf("another owner's acquire: %v; want a LockedError", err)
 			}
 			// Even after the other owner marked the lock as waited for.
-			if again, err := b.Acquire(ctx, "retried", "tok", time.Minute); err != nil || again.Fence < first.Fence {
+			if again, err := b.Acquire(ctx, "retried", tok, time.Minute); err != nil || again.Fence < first.Fence {
 				t.Fatalf("the same acquire sent again after a waiter marked the lock: fence %d, %v; want fence %d", again.Fence, err, first.Fence)
 			}
-			if err := b.Release(ctx, "retried", "tok"); err != nil {
+			if err := b.Release(ctx, "retried", tok); err != nil {
 				t.Fatal(err)
 			}
 		})
