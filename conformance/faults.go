@@ -77,22 +77,13 @@ func (s *suite) deadlineWithinStore(t *testing.T) {
 
 	// Goroutines of c queue for the key: B with a long TTL, then C with a
 	// short one and no renewals; the lock passes l -> B -> C.
-	got := make(chan *lock.Lease, 2)
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	wait := func(opts ...lock.Option) {
-		wg.Go(func() {
-			l, err := c.Acquire(ctx, key, opts...)
-			if err != nil {
-				t.Errorf("Acquire: %v", err)
-			}
-			got <- l
-		})
-	}
-	wait(lock.WithTTL(s.long))
+	gotB := acquireLater(ctx, t, c, key, lock.WithTTL(s.long))
 	waitWaiting(ctx, t, c, key, 1)
-	wait(lock.WithTTL(s.short), lock.WithAutoRenew(false))
+	gotC := acquireLater(ctx, t, c, key, lock.WithTTL(s.short), lock.WithAutoRenew(false))
 	waitWaiting(ctx, t, c, key, 2)
+	got := make(chan *lock.Lease, 2)
+	go func() { got <- <-gotB }()
+	go func() { got <- <-gotC }()
 	if err := l.Release(ctx); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
@@ -126,6 +117,20 @@ func (s *suite) deadlineWithinStore(t *testing.T) {
 			b.Release(ctx)
 		}
 	}
+}
+
+// acquireLater runs c.Acquire(ctx, key, opts...) on a goroutine of its own
+// and sends its lease (nil on error, reported to t) on the returned channel.
+func acquireLater(ctx context.Context, t *testing.T, c *lock.Client, key string, opts ...lock.Option) <-chan *lock.Lease {
+	got := make(chan *lock.Lease, 1)
+	go func() {
+		l, err := c.Acquire(ctx, key, opts...)
+		if err != nil {
+			t.Errorf("Acquire: %v", err)
+		}
+		got <- l
+	}()
+	return got
 }
 
 // waitWaiting waits until n goroutines of c queue for key. Stores in the
@@ -373,14 +378,7 @@ func (s *suite) replyLost(t *testing.T) {
 		if err != nil {
 			t.Fatalf("TryAcquire: %v", err)
 		}
-		got := make(chan *lock.Lease, 1)
-		go func() {
-			l, err := c.Acquire(ctx, key)
-			if err != nil {
-				t.Errorf("Acquire: %v", err)
-			}
-			got <- l
-		}()
+		got := acquireLater(ctx, t, c, key)
 		waitWaiting(ctx, t, c, key, 1)
 		if err := rh.HoldReplies(ctx, bb); err != nil {
 			t.Fatalf("harness HoldReplies: %v", err)
@@ -417,14 +415,7 @@ func (s *suite) warmUp(ctx context.Context, t *testing.T, c *lock.Client) {
 	if err != nil {
 		t.Fatalf("TryAcquire: %v", err)
 	}
-	got := make(chan *lock.Lease, 1)
-	go func() {
-		l, err := c.Acquire(ctx, key)
-		if err != nil {
-			t.Errorf("Acquire: %v", err)
-		}
-		got <- l
-	}()
+	got := acquireLater(ctx, t, c, key)
 	waitWaiting(ctx, t, c, key, 1)
 	if err := a.Release(ctx); err != nil {
 		t.Fatalf("Release: %v", err)
