@@ -400,7 +400,7 @@ func TestRetriedAcquireFindsItsOwnLock(t *testing.T) {
 				t.Fatalf("the same acquire sent again got fence %d; the first try got %d", again.Fence, first.Fence)
 			}
 			var locked *backend.LockedError
-			if _, err := b.Acquire(ctx, "retried", "other", time.Minute); !errors.As(err, &locked) {
+			if _, err := b.Acquire(ctx, "retried", "other-"+name, time.Minute); !errors.As(err, &locked) {
 				t.Fatalf("another owner's acquire: %v; want a LockedError", err)
 			}
 			// Even after the other owner marked the lock as waited for.
