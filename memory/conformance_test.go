@@ -77,6 +77,15 @@ var flawSwitches = map[string]func(*flaws){
 	"renew-reacquires":      func(f *flaws) { f.renewReacquires = true },
 	"repeat-fence":          func(f *flaws) { f.repeatFence = true },
 	"non-atomic-acquire":    func(f *flaws) { f.nonAtomicAcquire = true },
+	"expire-early":          func(f *flaws) { f.expireEarly = true },
+	"round-down":            func(f *flaws) { f.roundDown = true },
+	"renew-short":           func(f *flaws) { f.renewShort = true },
+	"grant-overstated":      func(f *flaws) { f.grantOverstated = true },
+	"prefix-token":          func(f *flaws) { f.prefixToken = true },
+	"release-expired-ok":    func(f *flaws) { f.releaseExpiredOK = true },
+	"silent-notifier":       func(f *flaws) { f.silentNotifier = true },
+	"inspect-expired":       func(f *flaws) { f.inspectExpired = true },
+	"forget-fence-idle":     func(f *flaws) { f.forgetFenceIdle = true },
 }
 
 func TestConformance(t *testing.T) {
@@ -111,16 +120,30 @@ func TestSuiteCatchesFlaws(t *testing.T) {
 	cases := []struct {
 		flaw string
 		want []string // the failing cases that must include at least these
+		only bool     // run just the wanted cases (the whole suite takes longer)
 	}{
-		{"release-ignores-token", []string{"StaleOwner/ReleaseAfterSuccessor"}},
-		{"renew-reacquires", []string{"StaleOwner/RenewAfterExpiry"}},
-		{"repeat-fence", []string{"FencesSequential", "FencesContended"}},
-		{"non-atomic-acquire", []string{"TryAcquireRace"}},
+		{"release-ignores-token", []string{"StaleOwner/ReleaseAfterSuccessor"}, false},
+		{"renew-reacquires", []string{"StaleOwner/RenewAfterExpiry"}, false},
+		{"repeat-fence", []string{"FencesSequential", "FencesContended"}, false},
+		{"non-atomic-acquire", []string{"TryAcquireRace"}, false},
+		{"expire-early", []string{"ExpiryNotEarly"}, true},
+		{"round-down", []string{"ExpiryNotEarly"}, true},
+		{"renew-short", []string{"ExpiryNotEarly"}, true},
+		{"grant-overstated", []string{"ExpiryNotEarly"}, true},
+		{"prefix-token", []string{"TokenExact"}, true},
+		{"release-expired-ok", []string{"ReleaseAfterExpiry"}, true},
+		{"silent-notifier", []string{"WakeOnRelease"}, true},
+		{"inspect-expired", []string{"InspectAfterExpiry"}, true},
+		{"forget-fence-idle", []string{"FenceAfterIdle"}, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.flaw, func(t *testing.T) {
 			t.Parallel()
-			cmd := exec.Command(os.Args[0], "-test.run=^TestConformance$", "-test.v", "-test.count=1", "-test.timeout=5m")
+			run := "-test.run=^TestConformance$"
+			if tc.only {
+				run += "/^(" + strings.Join(tc.want, "|") + ")$"
+			}
+			cmd := exec.Command(os.Args[0], run, "-test.v", "-test.count=1", "-test.timeout=5m")
 			cmd.Env = append(os.Environ(), flawEnv+"="+tc.flaw)
 			out, err := cmd.CombinedOutput()
 			if err == nil {

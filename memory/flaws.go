@@ -15,6 +15,37 @@ type flaws struct {
 	renewReacquires     bool // Renew of a free or expired key takes it again
 	repeatFence         bool // fences repeat: 1, 1, 2, 2, 3, ...
 	nonAtomicAcquire    bool // Acquire checks and sets in two steps
+	expireEarly         bool // a lock expires after 3/4 of its TTL; conflicts report no remaining TTL
+	roundDown           bool // TTLs are rounded down to a declared 100ms granularity
+	renewShort          bool // Renew extends by half the TTL asked for
+	grantOverstated     bool // Grant.TTL says twice the TTL the store enforces
+	prefixToken         bool // renew and release compare the first 16 characters of tokens
+	releaseExpiredOK    bool // Release of one's own expired lock reports success
+	silentNotifier      bool // Watch never wakes anyone
+	inspectExpired      bool // Inspect reports expired locks as held
+	forgetFenceIdle     bool // the fence counter starts again after 300ms without a grant
+}
+
+// enforced returns the TTL the store really enforces for a request of ttl.
+func (f *flaws) enforced(ttl time.Duration) time.Duration {
+	switch {
+	case f.expireEarly:
+		return ttl * 3 / 4
+	case f.roundDown:
+		return ttl / flawGranularity * flawGranularity
+	}
+	return ttl
+}
+
+// flawGranularity is the granularity the roundDown flaw declares.
+const flawGranularity = 100 * time.Millisecond
+
+// sameToken compares tokens as the store does.
+func (f *flaws) sameToken(a, b string) bool {
+	if f.prefixToken && len(a) >= 16 && len(b) >= 16 {
+		return a[:16] == b[:16]
+	}
+	return a == b
 }
 
 // acquireNonAtomic is Acquire with the check and the set in two critical

@@ -64,12 +64,13 @@ const shardCount = 64
 
 // Store is an in-process lock store. It is safe for concurrent use.
 type Store struct {
-	clock  clock.Clock
-	epoch  time.Time
-	fence  atomic.Uint64
-	shards [shardCount]shard
-	gate   gate // Pause/Resume
-	flaws  flaws
+	clock     clock.Clock
+	epoch     time.Time
+	fence     atomic.Uint64
+	lastGrant atomic.Int64 // for the forgetFenceIdle flaw
+	shards    [shardCount]shard
+	gate      gate // Pause/Resume
+	flaws     flaws
 }
 
 type shard struct {
@@ -307,12 +308,16 @@ func (c *Client) Close() error {
 
 // Capabilities reports the store's guarantees.
 func (c *Client) Capabilities() backend.Capabilities {
-	return backend.Capabilities{
+	caps := backend.Capabilities{
 		MinTTL:       MinTTL,
 		ExpiryFactor: 1,
 		DurableFence: true, // with Restart(KeepData); see the package doc
 		InProcess:    true,
 	}
+	if c.s.flaws.roundDown {
+		caps.Granularity = flawGranularity
+	}
+	return caps
 }
 
 // enter waits until the client and the store answer.
@@ -361,18 +366,35 @@ func (c *Client) acquire(ctx context.Context, key, token string, ttl time.Durati
 	now := s.now()
 	if e, ok := sh.locks[key]; ok && now < e.expires {
 		sh.mu.Unlock()
+		if s.flaws.expireEarly {
+			return backend.Grant{}, backend.Locked(0)
+		}
 		return backend.Grant{}, backend.Locked(e.expires - now)
 	}
 	fence := s.nextFence()
-	sh.locks[key] = entry{token: token, fence: fence, expires: now + ttl}
+	sh.locks[key] = entry{token: token, fence: fence, expires: now + s.flaws.enforced(ttl)}
 	sh.maybeSweep(now)
 	sh.mu.Unlock()
-	return backend.Grant{Fence: fence, TTL: ttl}, nil
+	return backend.Grant{Fence: fence, TTL: s.granted(ttl)}, nil
+}
+
+// granted is the Grant.TTL of a request of ttl.
+func (s *Store) granted(ttl time.Duration) time.Duration {
+	if s.flaws.grantOverstated {
+		return 2 * ttl
+	}
+	return ttl
 }
 
 func (s *Store) nextFence() uint64 {
 	if s.flaws.repeatFence {
 		return s.fence.Add(1)/2 + 1
+	}
+	if s.flaws.forgetFenceIdle {
+		now := s.now()
+		if last := time.Duration(s.lastGrant.Swap(int64(now))); last > 0 && now-last > 300*time.Millisecond {
+			s.fence.Store(0)
+		}
 	}
 	return s.fence.Add(1)
 }
@@ -412,7 +434,7 @@ func (c *Client) renew(ctx context.Context, key, token string, ttl time.Duration
 	now := s.now()
 	e, ok := sh.locks[key]
 	live := ok && now < e.expires
-	if !live || e.token != token {
+	if !live || !s.flaws.sameToken(e.token, token) {
 		if s.flaws.renewReacquires && (!live || !ok) {
 			e = entry{token: token, fence: s.nextFence(), expires: now + ttl}
 			sh.locks[key] = e
@@ -420,9 +442,12 @@ func (c *Client) renew(ctx context.Context, key, token string, ttl time.Duration
 		}
 		return backend.Grant{}, backend.ErrNotHeld
 	}
-	e.expires = now + ttl
+	e.expires = now + s.flaws.enforced(ttl)
+	if s.flaws.renewShort {
+		e.expires = now + ttl/2
+	}
 	sh.locks[key] = e
-	return backend.Grant{Fence: e.fence, TTL: ttl}, nil
+	return backend.Grant{Fence: e.fence, TTL: s.granted(ttl)}, nil
 }
 
 // Release implements backend.Backend.
@@ -439,14 +464,14 @@ func (c *Client) release(ctx context.Context, key, token string) error {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e, ok := sh.locks[key]
-	if !ok || (e.token != token && !s.flaws.releaseIgnoresToken) {
+	if !ok || (!s.flaws.sameToken(e.token, token) && !s.flaws.releaseIgnoresToken) {
 		if sh.released[key] == token {
 			return nil // sent again after it took effect
 		}
 		return backend.ErrNotHeld
 	}
 	delete(sh.locks, key)
-	if s.now() >= e.expires {
+	if s.now() >= e.expires && !s.flaws.releaseExpiredOK {
 		return backend.ErrNotHeld // it had expired: the caller had lost it
 	}
 	if sh.released == nil {
@@ -477,10 +502,10 @@ func (c *Client) Inspect(ctx context.Context, key string) (backend.Holder, error
 	defer sh.mu.Unlock()
 	now := c.s.now()
 	e, ok := sh.locks[key]
-	if !ok || now >= e.expires {
+	if !ok || (now >= e.expires && !c.s.flaws.inspectExpired) {
 		return backend.Holder{}, nil
 	}
-	return backend.Holder{Held: true, Token: e.token, Fence: e.fence, Remaining: e.expires - now}, nil
+	return backend.Holder{Held: true, Token: e.token, Fence: e.fence, Remaining: max(0, e.expires-now)}, nil
 }
 
 // Watch implements backend.Notifier. A release wakes the longest-waiting
@@ -494,6 +519,9 @@ func (c *Client) Watch(ctx context.Context, key string) (backend.Watch, error) {
 	}
 	sh := c.s.shard(key)
 	w := &watch{s: c.s, sh: sh, key: key, ch: make(chan struct{}, 1)}
+	if c.s.flaws.silentNotifier {
+		return w, nil // registered nowhere: never woken
+	}
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if sh.watchers == nil {

@@ -1,0 +1,259 @@
+package conformance
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/distlock/lock"
+	"github.com/distlock/lock/backend"
+)
+
+// The cases of this file check the store's side of the contract directly,
+// through package backend: how long a lock lives, how tokens compare, what
+// a release after expiry says, wake-ups, Inspect after expiry, and fences
+// after an idle gap.
+
+// newToken returns a token as package lock makes them: 32 hex digits.
+func newToken() string {
+	var b [16]byte
+	crand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// pollInterval is how often the cases that watch for expiry try again.
+const pollInterval = 2 * time.Millisecond
+
+// takeWhenFree tries to acquire key on b with fresh tokens every
+// pollInterval until it succeeds or ctx ends, and returns when its
+// successful request's reply came, with the token.
+func takeWhenFree(ctx context.Context, t *testing.T, b backend.Backend, key string, ttl time.Duration) (time.Time, string) {
+	t.Helper()
+	for {
+		tok := newToken()
+		_, err := b.Acquire(ctx, key, tok, ttl)
+		switch {
+		case err == nil:
+			return time.Now(), tok
+		case errors.Is(err, backend.ErrLocked), errors.Is(err, backend.ErrContended):
+		default:
+			t.Fatalf("Acquire while waiting for expiry: %v", err)
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("key never became free: %v", ctx.Err())
+		case <-time.After(pollInterval):
+		}
+	}
+}
+
+// expiryNotEarly: the store never expires a lock earlier than its TTL after
+// it received the acquire or the renew (measured from the send, which comes
+// before), nor earlier than the Grant.TTL it reported; a TTL between two
+// steps of the store's granularity is rounded up, not down.
+func (s *suite) expiryNotEarly(t *testing.T) {
+	ctx := s.ctx(t)
+	key := s.key(t)
+	a, b := s.backend(t), s.backend(t)
+	defer a.Close()
+	defer b.Close()
+	ttl := s.short
+	if g := s.caps.Granularity; g > 0 {
+		ttl += g / 2 // between two steps: must be rounded up
+	}
+	check := func(what string, sent time.Time, g backend.Grant) string {
+		t.Helper()
+		holds := max(ttl, g.TTL)
+		time.Sleep(time.Until(sent.Add(holds / 2))) // nothing to see before
+		wctx, cancel := context.WithTimeout(ctx, s.caps.LatestExpiry(holds)+s.slack+time.Second)
+		defer cancel()
+		at, tok := takeWhenFree(wctx, t, b, key, ttl)
+		if early := sent.Add(holds).Sub(at); early > 0 {
+			t.Fatalf("after %s (TTL %v, Grant.TTL %v), another owner took the key %v after the request was sent: %v early", what, ttl, g.TTL, at.Sub(sent).Round(time.Millisecond), early.Round(time.Millisecond))
+		}
+		return tok
+	}
+	tokA := newToken()
+	sent := time.Now()
+	g, err := a.Acquire(ctx, key, tokA, ttl)
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	tokB := check("an acquire", sent, g)
+
+	// b holds it now: renew it once, then watch from a.
+	time.Sleep(ttl / 2)
+	sent = time.Now()
+	g, err = b.Renew(ctx, key, tokB, ttl)
+	if err != nil {
+		t.Fatalf("Renew: %v", err)
+	}
+	a, b = b, a
+	tok := check("a renewal", sent, g)
+	if err := b.Release(ctx, key, tok); err != nil {
+		t.Errorf("Release: %v", err)
+	}
+}
+
+// tokenExact: renew and release compare whole tokens: a token that differs
+// from the holder's in one character, first or last, changes nothing.
+func (s *suite) tokenExact(t *testing.T) {
+	ctx := s.ctx(t)
+	key := s.key(t)
+	b := s.backend(t)
+	defer b.Close()
+	tok := newToken()
+	if _, err := b.Acquire(ctx, key, tok, s.long); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	flip := func(c byte) string {
+		if c == '0' {
+			return "1"
+		}
+		return "0"
+	}
+	for _, other := range []string{tok[:31] + flip(tok[31]), flip(tok[0]) + tok[1:], tok[:16] + newToken()[16:]} {
+		if _, err := b.Renew(ctx, key, other, s.long); !errors.Is(err, backend.ErrNotHeld) {
+			t.Errorf("Renew with %s, the holder being %s: %v; want ErrNotHeld", other, tok, err)
+		}
+		if err := b.Release(ctx, key, other); !errors.Is(err, backend.ErrNotHeld) {
+			t.Errorf("Release with %s, the holder being %s: %v; want ErrNotHeld", other, tok, err)
+		}
+	}
+	if _, err := b.Renew(ctx, key, tok, s.long); err != nil {
+		t.Fatalf("the holder's Renew after the others' attempts: %v; want the lock still held", err)
+	}
+	if err := b.Release(ctx, key, tok); err != nil {
+		t.Errorf("Release: %v", err)
+	}
+}
+
+// releaseAfterExpiry: releasing one's own lock after it expired, with no
+// successor, returns ErrNotHeld from the store, and package lock reports
+// the lease as lost.
+func (s *suite) releaseAfterExpiry(t *testing.T) {
+	ctx := s.ctx(t)
+	key := s.key(t)
+	b := s.backend(t)
+	defer b.Close()
+	tok := newToken()
+	if _, err := b.Acquire(ctx, key, tok, s.short); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	c := s.client(t, lock.WithTTL(s.short), lock.WithAutoRenew(false))
+	l, err := c.TryAcquire(ctx, key+"/lease")
+	if err != nil {
+		t.Fatalf("TryAcquire: %v", err)
+	}
+	s.waitOutExpiry(s.short)
+	if err := b.Release(ctx, key, tok); !errors.Is(err, backend.ErrNotHeld) {
+		t.Errorf("the store's Release of its own expired lock: %v; want ErrNotHeld", err)
+	}
+	if err := l.Release(ctx); !errors.Is(err, lock.ErrLost) {
+		t.Errorf("Release of an expired lease: %v; want ErrLost", err)
+	}
+}
+
+// wakeOnRelease: on a backend with wake-ups (backend.Notifier), a waiter in
+// another client takes the key promptly after the holder releases it, not
+// when its timer (the holder's remaining TTL) runs out.
+func (s *suite) wakeOnRelease(t *testing.T) {
+	b := s.backend(t)
+	if _, ok := b.(backend.Notifier); !ok {
+		b.Close()
+		t.Skip("the backend offers no backend.Notifier")
+	}
+	ctx := s.ctx(t)
+	key := s.key(t)
+	holder := s.clientOver(t, b)
+	waiter := s.client(t)
+	l, err := holder.TryAcquire(ctx, key, lock.WithTTL(s.long))
+	if err != nil {
+		t.Fatalf("TryAcquire: %v", err)
+	}
+	type got struct {
+		at time.Time
+		l  *lock.Lease
+	}
+	took := make(chan got, 1)
+	wctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer stop()
+	wg.Go(func() {
+		w, err := waiter.Acquire(wctx, key, lock.WithTTL(s.long))
+		if err != nil && wctx.Err() == nil {
+			t.Errorf("Acquire: %v", err)
+		}
+		took <- got{time.Now(), w}
+	})
+	// Give the waiter time to find the key held and start waiting; if it
+	// has not, it takes the key at once below, and the case still holds.
+	time.Sleep(s.short)
+	released := time.Now()
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	var g got
+	select {
+	case g = <-took:
+	case <-time.After(s.slack + time.Second):
+		t.Fatalf("the waiter was not woken within %v of the release (the holder's TTL was %v)", s.slack+time.Second, s.long)
+	}
+	if g.l == nil {
+		t.FailNow()
+	}
+	if d := g.at.Sub(released); d > s.slack {
+		t.Errorf("the waiter took the key %v after the release; want within %v", d, s.slack)
+	}
+	g.l.Release(ctx)
+}
+
+// inspectAfterExpiry: Inspect reports an expired lock as free.
+func (s *suite) inspectAfterExpiry(t *testing.T) {
+	in := s.inspector(t)
+	ctx := s.ctx(t)
+	key := s.key(t)
+	b := s.backend(t)
+	defer b.Close()
+	tok := newToken()
+	if _, err := b.Acquire(ctx, key, tok, s.short); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	h, err := in.Inspect(ctx, key)
+	if err != nil || !h.Held || (h.Token != "" && h.Token != tok) {
+		t.Fatalf("Inspect of a held lock: %+v, %v; want held by %s", h, err, tok)
+	}
+	s.waitOutExpiry(s.short)
+	if h, err := in.Inspect(ctx, key); err != nil || h.Held {
+		t.Fatalf("Inspect after the lock expired: %+v, %v; want free", h, err)
+	}
+}
+
+// fenceAfterIdle: fences keep increasing across an idle gap of several
+// TTLs with no lock on the key.
+func (s *suite) fenceAfterIdle(t *testing.T) {
+	ctx := s.ctx(t)
+	key := s.key(t)
+	c := s.client(t, lock.WithTTL(s.short))
+	var last uint64
+	for i := range 2 {
+		l, err := c.TryAcquire(ctx, key)
+		if err != nil {
+			t.Fatalf("TryAcquire: %v", err)
+		}
+		if l.Fence() <= last {
+			t.Fatalf("fence %d after an idle gap of %d TTLs; the one before was %d", l.Fence(), 2*i, last)
+		}
+		last = l.Fence()
+		if err := l.Release(ctx); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+		s.waitOutExpiry(s.short)
+		s.waitOutExpiry(s.short)
+	}
+}
