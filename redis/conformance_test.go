@@ -11,8 +11,8 @@ import (
 
 	"github.com/distlock/lock/backend"
 	"github.com/distlock/lock/conformance"
+	"github.com/distlock/lock/conformance/faultproxy"
 	"github.com/distlock/lock/internal/redistest"
-	"github.com/distlock/lock/internal/tcpproxy"
 	"github.com/distlock/lock/redis"
 )
 
@@ -28,25 +28,25 @@ func newGoRedis(t testing.TB, addr string) *goredis.Client { return redistest.Cl
 type proxied struct {
 	t       *testing.T
 	mu      sync.Mutex
-	proxies map[backend.Backend][]*tcpproxy.Proxy
+	proxies map[backend.Backend][]*faultproxy.Proxy
 }
 
-func (p *proxied) clientsOf(addrs []string) ([]*goredis.Client, []*tcpproxy.Proxy) {
+func (p *proxied) clientsOf(addrs []string) ([]*goredis.Client, []*faultproxy.Proxy) {
 	var rdbs []*goredis.Client
-	var proxies []*tcpproxy.Proxy
+	var proxies []*faultproxy.Proxy
 	for _, a := range addrs {
-		px := tcpproxy.Start(p.t, a)
+		px := faultproxy.Start(p.t, a)
 		proxies = append(proxies, px)
 		rdbs = append(rdbs, newGoRedis(p.t, px.Addr))
 	}
 	return rdbs, proxies
 }
 
-func (p *proxied) remember(b backend.Backend, proxies []*tcpproxy.Proxy) {
+func (p *proxied) remember(b backend.Backend, proxies []*faultproxy.Proxy) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.proxies == nil {
-		p.proxies = map[backend.Backend][]*tcpproxy.Proxy{}
+		p.proxies = map[backend.Backend][]*faultproxy.Proxy{}
 	}
 	p.proxies[b] = proxies
 }
@@ -72,21 +72,21 @@ func (p *proxied) Reconnect(_ context.Context, b backend.Backend) error {
 // HoldReplies, DeliverReplies and DropReplies act on the server-to-client
 // direction of b's proxies: requests still reach the servers.
 func (p *proxied) HoldReplies(_ context.Context, b backend.Backend) error {
-	return p.each(b, func(px *tcpproxy.Proxy) { px.Hold(tcpproxy.ToClient) })
+	return p.each(b, func(px *faultproxy.Proxy) { px.Hold(faultproxy.ToClient) })
 }
 
 func (p *proxied) DeliverReplies(_ context.Context, b backend.Backend) error {
-	return p.each(b, func(px *tcpproxy.Proxy) { px.Deliver(tcpproxy.ToClient) })
+	return p.each(b, func(px *faultproxy.Proxy) { px.Deliver(faultproxy.ToClient) })
 }
 
 func (p *proxied) DropReplies(_ context.Context, b backend.Backend) error {
-	return p.each(b, func(px *tcpproxy.Proxy) {
+	return p.each(b, func(px *faultproxy.Proxy) {
 		px.Reset() // held replies go with the connections
-		px.Deliver(tcpproxy.ToClient)
+		px.Deliver(faultproxy.ToClient)
 	})
 }
 
-func (p *proxied) each(b backend.Backend, f func(*tcpproxy.Proxy)) error {
+func (p *proxied) each(b backend.Backend, f func(*faultproxy.Proxy)) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, px := range p.proxies[b] {
@@ -120,7 +120,7 @@ func (h *singleHarness) NewBackend(context.Context) (backend.Backend, error) {
 type ownsClients struct {
 	*redis.Backend
 	rdbs    []*goredis.Client
-	proxies []*tcpproxy.Proxy
+	proxies []*faultproxy.Proxy
 }
 
 func (o *ownsClients) Close() error {
@@ -131,7 +131,7 @@ func (o *ownsClients) Close() error {
 
 // closeAll closes a backend's go-redis clients and its proxies, as the exit
 // of its process would.
-func closeAll(rdbs []*goredis.Client, proxies []*tcpproxy.Proxy) {
+func closeAll(rdbs []*goredis.Client, proxies []*faultproxy.Proxy) {
 	for _, c := range rdbs {
 		c.Close()
 	}
@@ -211,7 +211,7 @@ func (h *redlockHarness) NewBackend(context.Context) (backend.Backend, error) {
 type ownsRedlockClients struct {
 	*redis.Redlock
 	rdbs    []*goredis.Client
-	proxies []*tcpproxy.Proxy
+	proxies []*faultproxy.Proxy
 }
 
 func (o *ownsRedlockClients) Close() error {

@@ -17,8 +17,8 @@ import (
 
 	"github.com/distlock/lock"
 	"github.com/distlock/lock/clock"
+	"github.com/distlock/lock/conformance/faultproxy"
 	"github.com/distlock/lock/internal/redistest"
-	"github.com/distlock/lock/internal/tcpproxy"
 	"github.com/distlock/lock/redis"
 )
 
@@ -125,7 +125,7 @@ func TestHandoverToShorterTTL(t *testing.T) {
 // before any renewal starts.
 func TestLostSignalNotBehindHangingRenewals(t *testing.T) {
 	srv := redistest.Start(t, redistest.NoPersistence)
-	px := tcpproxy.Start(t, srv.Addr)
+	px := faultproxy.Start(t, srv.Addr)
 	rdb := goredis.NewClient(&goredis.Options{Addr: px.Addr, MaxRetries: -1, ReadTimeout: -1, WriteTimeout: -1, PoolSize: 100})
 	t.Cleanup(func() { rdb.Close() })
 	fake := clock.NewFake(time.Now())
@@ -168,9 +168,9 @@ func TestLostSignalNotBehindHangingRenewals(t *testing.T) {
 // proxiedLocks returns a client of srv whose every byte passes through a
 // fault proxy of its own, and the proxy. retries turns go-redis's own
 // retries on (its default: three), as an application's client has them.
-func proxiedLocks(t *testing.T, srv *redistest.Server, retries bool, opts ...lock.Option) (*lock.Client, *tcpproxy.Proxy) {
+func proxiedLocks(t *testing.T, srv *redistest.Server, retries bool, opts ...lock.Option) (*lock.Client, *faultproxy.Proxy) {
 	t.Helper()
-	px := tcpproxy.Start(t, srv.Addr)
+	px := faultproxy.Start(t, srv.Addr)
 	o := &goredis.Options{Addr: px.Addr, ContextTimeoutEnabled: true, MaxRetries: -1}
 	if retries {
 		o.MaxRetries = 0 // go-redis's default
@@ -235,13 +235,13 @@ func TestLateTransferReplyThenAcquire(t *testing.T) {
 	}()
 	waitQueued(t, locks, "late", 1)
 
-	px.Hold(tcpproxy.ToClient) // the store acts; its replies are late
+	px.Hold(faultproxy.ToClient) // the store acts; its replies are late
 	rctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
 	if err := a.Release(rctx); err == nil {
 		t.Fatal("Release returned nil while its reply was held")
 	}
-	px.Deliver(tcpproxy.ToClient)
+	px.Deliver(faultproxy.ToClient)
 	w := <-got
 	if w == nil {
 		t.FailNow()
@@ -275,19 +275,19 @@ func TestRetriedReleaseSucceeds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	px.Hold(tcpproxy.ToClient)
-	sent := px.Forwarded(tcpproxy.ToServer)
+	px.Hold(faultproxy.ToClient)
+	sent := px.Forwarded(faultproxy.ToServer)
 	released := make(chan error, 1)
 	go func() { released <- l.Release(ctx) }()
 	// The release reaches the store and runs there.
-	if err := px.WaitForwarded(ctx, tcpproxy.ToServer, sent); err != nil {
+	if err := px.WaitForwarded(ctx, faultproxy.ToServer, sent); err != nil {
 		t.Fatal(err)
 	}
 	for rdb.Exists(ctx, "lock:{retried}").Val() == 1 {
 		time.Sleep(time.Millisecond) // poll the store until the release ran
 	}
 	px.Reset() // its reply is lost with the connection; go-redis sends it again
-	px.Deliver(tcpproxy.ToClient)
+	px.Deliver(faultproxy.ToClient)
 	if err := <-released; err != nil {
 		t.Fatalf("Release of a lease held until its release, after a lost reply: %v; want nil", err)
 	}
@@ -353,17 +353,17 @@ func TestCancelledAcquiresLeaveNothing(t *testing.T) {
 
 // proxiedRedlock returns a Redlock client over srvs whose links to each node
 // pass through fault proxies of its own, and the proxies, in node order.
-func proxiedRedlock(t *testing.T, srvs []*redistest.Server, opts ...lock.Option) (*lock.Client, []*tcpproxy.Proxy) {
+func proxiedRedlock(t *testing.T, srvs []*redistest.Server, opts ...lock.Option) (*lock.Client, []*faultproxy.Proxy) {
 	return proxiedRedlockWith(t, srvs, nil, opts...)
 }
 
 // proxiedRedlockWith is proxiedRedlock with options for the Redlock.
-func proxiedRedlockWith(t *testing.T, srvs []*redistest.Server, ropts []redis.Option, opts ...lock.Option) (*lock.Client, []*tcpproxy.Proxy) {
+func proxiedRedlockWith(t *testing.T, srvs []*redistest.Server, ropts []redis.Option, opts ...lock.Option) (*lock.Client, []*faultproxy.Proxy) {
 	t.Helper()
 	var nodes []redis.Client
-	var proxies []*tcpproxy.Proxy
+	var proxies []*faultproxy.Proxy
 	for _, s := range srvs {
-		px := tcpproxy.Start(t, s.Addr)
+		px := faultproxy.Start(t, s.Addr)
 		proxies = append(proxies, px)
 		nodes = append(nodes, newGoRedis(t, px.Addr))
 	}
@@ -422,7 +422,7 @@ func TestRedlockAttemptCountsOnlyItsOwnGrants(t *testing.T) {
 	// until W's link to A drops requests, so that W's undo on A is lost
 	// (and so is W's subscription to A's wake-ups, which holds W's next
 	// attempt back for the notifier's confirmation timeout, 2s).
-	wp[B].Hold(tcpproxy.ToClient)
+	wp[B].Hold(faultproxy.ToClient)
 	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
 	defer wcancel()
 	var wg sync.WaitGroup
@@ -441,8 +441,8 @@ func TestRedlockAttemptCountsOnlyItsOwnGrants(t *testing.T) {
 	for nodeA.Get(ctx, "lock:{k}").Val() == "" {
 		time.Sleep(time.Millisecond) // poll node A until W's attempt took it
 	}
-	wp[A].Drop(tcpproxy.ToServer)
-	wp[B].Deliver(tcpproxy.ToClient)
+	wp[A].Drop(faultproxy.ToServer)
+	wp[B].Deliver(faultproxy.ToClient)
 	time.Sleep(400 * time.Millisecond) // the lost undo and subscription are sent
 	// C goes away for W, X releases, and A comes back for W: W's next
 	// attempt sees A (still locked by its first attempt) and B (free).
@@ -453,7 +453,7 @@ func TestRedlockAttemptCountsOnlyItsOwnGrants(t *testing.T) {
 	if err := xl.Release(ctx); err != nil {
 		t.Fatalf("X's release: %v", err)
 	}
-	wp[A].Pass(tcpproxy.ToServer)
+	wp[A].Pass(faultproxy.ToServer)
 	// Y cannot reach B: it can only ever hold {A, C}.
 	yp[B].Cut()
 	yctx, ycancel := context.WithTimeout(ctx, 10*time.Second)

@@ -1,4 +1,4 @@
-package tcpproxy
+package faultproxy
 
 import (
 	"bufio"

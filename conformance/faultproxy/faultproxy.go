@@ -1,15 +1,17 @@
-// Package tcpproxy is a loopback TCP proxy for fault tests. It forwards bytes
-// between clients and one server and, on request, misbehaves in one direction
-// or both the way a network does to a TCP connection: it holds bytes (a
-// partition that drops packets, which TCP retransmits once it heals), drops
-// them, delays them, or resets connections.
+// Package faultproxy is a loopback TCP proxy for fault tests, for backend
+// authors writing a conformance harness (see package conformance) as much as
+// for this module's own tests. It forwards bytes between clients and one
+// server and, on request, misbehaves in one direction or both the way a
+// network does to a TCP connection: it holds bytes (a partition that drops
+// packets, which TCP retransmits once it heals), drops them, delays them, or
+// resets connections.
 //
 // Each proxied connection has, per direction, a pump goroutine that reads
 // from the sender as fast as it can and a delivery goroutine that writes what
 // was read to the receiver when the faults allow. Reading never waits on a
 // fault, so Received tells a test that a request or reply reached the proxy
 // even while it is held.
-package tcpproxy
+package faultproxy
 
 import (
 	"bytes"
