@@ -22,7 +22,29 @@
 // the key free or held by another token. Any other error means the outcome is
 // unknown to the caller (the request may or may not have taken effect); wrap
 // the store's error so that errors.As reaches it. When ctx ends, return an
-// error that wraps ctx.Err().
+// error that wraps ctx.Err(), promptly: a call that outlives its context
+// holds up package lock's cancellation and cleanup.
+//
+// # Time
+//
+// A store expires a lock by its own clock, never earlier than the TTL after
+// it received the acquire or renew; Capabilities.ExpiryFactor and
+// ExpirySlack bound how much later, counted from the same moment. Package
+// lock measures validity on the client's monotonic clock from the send
+// time, which comes before, and subtracts a drift allowance.
+//
+// # URLs
+//
+// A backend package makes itself available to lock.Open by calling
+// lock.Register from its init function, with its URL scheme, the query
+// parameters it accepts, and a function that builds the backend from the
+// URL; unknown parameters are rejected before that function is called.
+//
+// # Proving a backend
+//
+// Run package conformance against the real store, with a harness that
+// offers its fault hooks (conformance/faultproxy does the network part),
+// and conformance.RequireHooks so that nothing is skipped unnoticed.
 package backend
 
 import (
@@ -149,7 +171,9 @@ func (e *LockedError) Is(target error) bool { return target == ErrLocked }
 // key may have become free (released, expired, or deleted) implements it, and
 // package lock then waits on it instead of polling.
 type Notifier interface {
-	// Watch starts watching key. The returned Watch's C receives a value
+	// Watch starts watching key; ctx bounds setting the watch up (a
+	// subscription, say), not the watch's life, which lasts until Close.
+	// The returned Watch's C receives a value
 	// (non-blocking, buffered one) when key may have become free, from the
 	// moment Watch returns. Package lock retries the acquisition after each
 	// wake-up and closes the Watch when it took the key or gave up.

@@ -18,11 +18,65 @@
 //	}
 //
 // Cases are subtests, so `go test -run 'TestConformance/Fences'` picks some.
-// The suite derives every wait from the TTL bounds the harness declares.
+// The suite derives every wait from the TTL bounds the harness declares: its
+// short TTL is max(MinTTL, 200ms) rounded up to the granularity, its long
+// TTL max(10 x short, 10s).
+//
+// # Cases and what they need
+//
+// A case that needs a hook or a backend interface the harness lacks is
+// skipped; Run prints the skipped cases, and RequireHooks makes them fail
+// the run.
+//
+//	case                         needs
+//	BadInput, TryAcquireRace,    nothing
+//	MutualExclusion,
+//	SharedClient, Fences*,
+//	StaleOwner, ExpiryNotEarly,
+//	TokenExact,
+//	ReleaseAfterExpiry,
+//	FenceAfterIdle,
+//	RenewAfterLoss, Takeover,
+//	CancelWhileWaiting, ManyKeys
+//	Transfer                     backend.Transferer (runs only then)
+//	WakeOnRelease                backend.Notifier
+//	InspectAfterExpiry,          backend.Inspector
+//	DeadlineWithinStore,
+//	RetriedAcquire,
+//	CancelUnderLoad
+//	LostSignal,                  Disconnecter, or else Pauser
+//	CancelWhileStoreHangs
+//	LostSignalWhileRenewalsHang  Disconnecter
+//	ReplyLost                    ReplyHolder and backend.Inspector
+//	FenceAfterRestart            Restarter; checks only with DurableFence
+//
+// # Writing a harness
+//
+// NewBackend returns a client with its own connections, as a separate
+// process would have; the suite closes every backend it gets, so a harness
+// frees per-backend resources (a proxy, a client it built) by returning a
+// wrapper whose Close closes them too. Such a wrapper must keep the
+// backend's optional interfaces visible (embed the concrete backend type,
+// not the backend.Backend interface), or the cases that need them skip.
+// The harness's Capabilities must equal the backend's own, when it has a
+// backend.Describer: Run checks it. A store expires locks by its own clock;
+// ExpiryFactor and ExpirySlack bound how late, from when it received the
+// acquire or renew.
+//
+// The hooks act on the network between the client and the store: run each
+// backend's connections through a conformance/faultproxy.Proxy and the hooks
+// are a few lines each (see redis/conformance_test.go and
+// memory/netstore in this module). Disconnect holds every byte in both
+// directions, on the connections open now and on new ones, without closing
+// anything, until Reconnect delivers what was held (Proxy.Cut and
+// Proxy.Heal). The suite uses Pauser only where the harness has no
+// Disconnecter, and calls Restart with keepData true only.
 package conformance
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -49,7 +103,10 @@ type Pauser interface {
 }
 
 // Disconnecter is an optional Harness hook: one client is cut off from the
-// store (its requests vanish, as behind a partition) until Reconnect. b is a
+// store, as behind a partition that drops packets, until Reconnect: every
+// byte between them is held in both directions, on the client's open
+// connections and on new ones, and nothing is closed; Reconnect delivers
+// what was held, in order, as TCP would once the partition heals. b is a
 // backend the harness returned from NewBackend.
 type Disconnecter interface {
 	Disconnect(ctx context.Context, b backend.Backend) error
@@ -77,16 +134,38 @@ type Restarter interface {
 	Restart(ctx context.Context, keepData bool) error
 }
 
+// Option configures a run of the suite.
+type Option func(*runOptions)
+
+type runOptions struct {
+	requireHooks bool
+}
+
+// RequireHooks makes a run fail when a case is skipped for want of a harness
+// hook or a backend interface, instead of passing with the case skipped:
+// for a harness that means to offer every hook.
+func RequireHooks() Option { return func(o *runOptions) { o.requireHooks = true } }
+
 // Run runs the whole suite against the store newHarness gives. newHarness is
 // called once; every case uses its own keys, and the cases that fault the
-// store (pause, restart) run last.
-func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
+// store (pause, restart) run last. Cases that need a hook the harness does
+// not offer are skipped; Run then prints which, also without -v (go test
+// shows it when run in a package's directory, or with -v), and fails with
+// RequireHooks.
+func Run(t *testing.T, newHarness func(t *testing.T) Harness, opts ...Option) {
 	t.Helper()
+	var o runOptions
+	for _, f := range opts {
+		if f != nil {
+			f(&o)
+		}
+	}
 	h := newHarness(t)
 	if h == nil {
 		t.Fatal("conformance: newHarness returned nil")
 	}
 	s := newSuite(t, h)
+	s.checkDeclarations(t)
 	cases := []struct {
 		name string
 		run  func(*testing.T)
@@ -124,8 +203,25 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 			run  func(*testing.T)
 		}{{"Transfer", s.transfer}}, cases[1:]...)...)
 	}
+	var skipped []string
 	for _, c := range cases {
-		t.Run(c.name, c.run)
+		t.Run(c.name, func(t *testing.T) {
+			defer func() {
+				if t.Skipped() {
+					skipped = append(skipped, c.name)
+				}
+			}()
+			c.run(t)
+		})
+	}
+	if len(skipped) > 0 {
+		msg := fmt.Sprintf("conformance: %d of %d cases skipped for want of a harness hook or backend interface: %s", len(skipped), len(cases), strings.Join(skipped, ", "))
+		fmt.Println(msg)
+		if o.requireHooks {
+			t.Error(msg + " (RequireHooks)")
+		} else {
+			t.Log(msg)
+		}
 	}
 }
 

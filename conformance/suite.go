@@ -892,7 +892,8 @@ func (s *suite) fenceAfterRestart(t *testing.T) {
 		t.Skip("the harness offers no Restarter")
 	}
 	if !s.caps.DurableFence {
-		t.Skip("the backend declares its fences not durable across restarts")
+		t.Log("the backend declares its fences not durable across restarts: nothing to check")
+		return
 	}
 	ctx := s.ctx(t)
 	key := s.key(t)
@@ -920,5 +921,22 @@ func (s *suite) fenceAfterRestart(t *testing.T) {
 	}
 	if err := l.Release(ctx); err != nil {
 		t.Errorf("Release: %v", err)
+	}
+}
+
+// checkDeclarations compares the harness's declared capabilities with the
+// backend's own (backend.Describer), when it has them: package lock acts on
+// the backend's, the suite on the harness's, and a difference means one of
+// them is wrong.
+func (s *suite) checkDeclarations(t *testing.T) {
+	t.Helper()
+	b := s.backend(t)
+	defer b.Close()
+	d, ok := b.(backend.Describer)
+	if !ok {
+		return
+	}
+	if got := d.Capabilities(); got != s.caps {
+		t.Errorf("conformance: the harness declares %+v, the backend's Capabilities say %+v", s.caps, got)
 	}
 }

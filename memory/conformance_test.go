@@ -92,7 +92,9 @@ func TestConformance(t *testing.T) {
 	var store *Store
 	conformance.Run(t, func(t *testing.T) conformance.Harness {
 		store = NewStore()
-		if name := os.Getenv(flawEnv); name != "" {
+		if name := os.Getenv(flawEnv); name == "no-hooks" {
+			return hooksHidden{harness{store}}
+		} else if name != "" {
 			set, ok := flawSwitches[name]
 			if !ok {
 				t.Fatalf("%s=%q: unknown flaw", flawEnv, name)
@@ -101,7 +103,7 @@ func TestConformance(t *testing.T) {
 			t.Logf("running with the deliberate flaw %q", name)
 		}
 		return harness{store}
-	})
+	}, conformance.RequireHooks())
 	if n := store.Watchers(); n != 0 {
 		t.Errorf("%d watches left open after the suite; want 0", n)
 	}
@@ -109,6 +111,14 @@ func TestConformance(t *testing.T) {
 		t.Errorf("%d locks left held after the suite; want 0", n)
 	}
 }
+
+// hooksHidden offers a harness without any of its fault hooks.
+type hooksHidden struct{ h harness }
+
+func (h hooksHidden) NewBackend(ctx context.Context) (backend.Backend, error) {
+	return h.h.NewBackend(ctx)
+}
+func (h hooksHidden) Capabilities() backend.Capabilities { return h.h.Capabilities() }
 
 // TestSuiteCatchesFlaws runs the whole suite, in a child process, against
 // memory stores with one deliberate bug each, and checks that the suite fails
@@ -135,6 +145,9 @@ func TestSuiteCatchesFlaws(t *testing.T) {
 		{"silent-notifier", []string{"WakeOnRelease"}, true},
 		{"inspect-expired", []string{"InspectAfterExpiry"}, true},
 		{"forget-fence-idle", []string{"FenceAfterIdle"}, true},
+		// A harness without hooks under RequireHooks: the cases that need
+		// them skip, and the run fails saying which.
+		{"no-hooks", []string{"LostSignal", "ReplyLost", "FenceAfterRestart"}, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.flaw, func(t *testing.T) {
@@ -153,6 +166,12 @@ func TestSuiteCatchesFlaws(t *testing.T) {
 				t.Fatalf("running the child: %v", err)
 			}
 			failed := failedCases(string(out))
+			if tc.flaw == "no-hooks" {
+				if !failed["TestConformance"] || !strings.Contains(string(out), "3 of") || !strings.Contains(string(out), "skipped for want of a harness hook") {
+					t.Fatalf("a harness without hooks under RequireHooks: the run did not fail naming the skipped cases:\n%s", tail(string(out), 30))
+				}
+				return
+			}
 			for _, w := range tc.want {
 				if !failed["TestConformance/"+w] {
 					t.Errorf("flaw %s: case %s did not fail; failing cases: %v\n%s", tc.flaw, w, keys(failed), tail(string(out), 60))

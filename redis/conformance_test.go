@@ -163,7 +163,7 @@ var (
 func TestConformanceSingleNode(t *testing.T) {
 	conformance.Run(t, func(t *testing.T) conformance.Harness {
 		return &singleHarness{proxied: proxied{t: t}, srv: redistest.Start(t, redistest.AOFAlways), durable: true}
-	})
+	}, conformance.RequireHooks())
 }
 
 // redlockHarness is N independent redis-servers.
@@ -199,7 +199,7 @@ func (h *redlockHarness) NewBackend(context.Context) (backend.Backend, error) {
 	for i, c := range rdbs {
 		nodes[i] = c
 	}
-	r, err := redis.NewRedlock(nodes, redis.WithDurableFence(true), redis.WithNodeTimeout(redlockNodeTimeout), redis.WithMaxTTL(10*time.Minute))
+	r, err := redis.NewRedlock(nodes, redis.WithDurableFence(true), redis.WithNodeTimeout(redlockNodeTimeout), redis.WithMaxTTL(redlockMaxTTL))
 	if err != nil {
 		return nil, err
 	}
@@ -221,10 +221,16 @@ func (o *ownsRedlockClients) Close() error {
 }
 
 func (h *redlockHarness) Capabilities() backend.Capabilities {
-	// The same declaration as the single node's: every node expires by
-	// its own PX, and the fence is durable with appendfsync always.
-	return redis.New(nil, redis.WithDurableFence(true)).Capabilities()
+	// The single node's declaration (every node expires by its own PX, and
+	// the fence is durable with appendfsync always), with the maximum TTL.
+	c := redis.New(nil, redis.WithDurableFence(true)).Capabilities()
+	c.MaxTTL = redlockMaxTTL
+	return c
 }
+
+// redlockMaxTTL is the Redlock harness's maximum TTL: above every TTL the
+// suite uses.
+const redlockMaxTTL = 10 * time.Minute
 
 func (h *redlockHarness) Pause(context.Context) error {
 	for _, s := range h.srvs {
@@ -251,11 +257,11 @@ func (h *redlockHarness) Restart(_ context.Context, keepData bool) error {
 func TestConformanceRedlock3(t *testing.T) {
 	conformance.Run(t, func(t *testing.T) conformance.Harness {
 		return newRedlockHarness(t, 3, redistest.AOFAlways)
-	})
+	}, conformance.RequireHooks())
 }
 
 func TestConformanceRedlock5(t *testing.T) {
 	conformance.Run(t, func(t *testing.T) conformance.Harness {
 		return newRedlockHarness(t, 5, redistest.AOFAlways)
-	})
+	}, conformance.RequireHooks())
 }
