@@ -229,11 +229,11 @@ func (s *suite) lostSignalWhileRenewalsHang(t *testing.T) {
 		t.Fatalf("TryAcquire: %v", err)
 	}
 	done := z.Done() // before the pause: Done checks the deadline itself
-	if err := d.Disconnect(ctx, bb); err != nil {
+	if err := d.Disconnect(ctx, unguarded(bb)); err != nil {
 		t.Fatalf("harness Disconnect: %v", err)
 	}
 	reconnect := sync.OnceFunc(func() {
-		if err := d.Reconnect(ctx, bb); err != nil {
+		if err := d.Reconnect(ctx, unguarded(bb)); err != nil {
 			t.Errorf("harness Reconnect: %v", err)
 		}
 	})
@@ -345,7 +345,7 @@ func (s *suite) replyLost(t *testing.T) {
 		if err != nil {
 			t.Fatalf("TryAcquire: %v", err)
 		}
-		if err := rh.HoldReplies(ctx, bb); err != nil {
+		if err := rh.HoldReplies(ctx, unguarded(bb)); err != nil {
 			t.Fatalf("harness HoldReplies: %v", err)
 		}
 		released := make(chan error, 1)
@@ -360,7 +360,7 @@ func (s *suite) replyLost(t *testing.T) {
 			}
 			time.Sleep(time.Millisecond) // poll the store
 		}
-		if err := rh.DropReplies(ctx, bb); err != nil {
+		if err := rh.DropReplies(ctx, unguarded(bb)); err != nil {
 			t.Fatalf("harness DropReplies: %v", err)
 		}
 		if err := <-released; errors.Is(err, lock.ErrLost) {
@@ -380,13 +380,13 @@ func (s *suite) replyLost(t *testing.T) {
 		}
 		got := acquireLater(ctx, t, c, key)
 		waitWaiting(ctx, t, c, key, 1)
-		if err := rh.HoldReplies(ctx, bb); err != nil {
+		if err := rh.HoldReplies(ctx, unguarded(bb)); err != nil {
 			t.Fatalf("harness HoldReplies: %v", err)
 		}
 		rctx, cancel := context.WithTimeout(ctx, ttl*3/10)
 		a.Release(rctx) // gives up before its reply comes: the outcome is unknown
 		cancel()
-		if err := rh.DeliverReplies(ctx, bb); err != nil {
+		if err := rh.DeliverReplies(ctx, unguarded(bb)); err != nil {
 			t.Fatalf("harness DeliverReplies: %v", err)
 		}
 		w := <-got

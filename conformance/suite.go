@@ -67,7 +67,7 @@ func (s *suite) backend(t *testing.T) backend.Backend {
 	if b == nil {
 		t.Fatal("harness NewBackend returned nil")
 	}
-	return b
+	return guarded(b, t.Name(), 5*time.Second+4*s.slack)
 }
 
 // client returns a lock.Client over a new backend, closed at cleanup.
@@ -753,8 +753,8 @@ func (s *suite) cutOff(t *testing.T, b backend.Backend) (undo func(), whole bool
 	ctx := s.ctx(t)
 	var cut, heal func(context.Context) error
 	if d, yes := s.h.(Disconnecter); yes {
-		cut = func(ctx context.Context) error { return d.Disconnect(ctx, b) }
-		heal = func(ctx context.Context) error { return d.Reconnect(ctx, b) }
+		cut = func(ctx context.Context) error { return d.Disconnect(ctx, unguarded(b)) }
+		heal = func(ctx context.Context) error { return d.Reconnect(ctx, unguarded(b)) }
 	} else if p, yes := s.h.(Pauser); yes {
 		cut, heal, whole = p.Pause, p.Resume, true
 	} else {
@@ -932,7 +932,7 @@ func (s *suite) checkDeclarations(t *testing.T) {
 	t.Helper()
 	b := s.backend(t)
 	defer b.Close()
-	d, ok := b.(backend.Describer)
+	d, ok := unguarded(b).(backend.Describer)
 	if !ok {
 		return
 	}

@@ -86,6 +86,7 @@ var flawSwitches = map[string]func(*flaws){
 	"silent-notifier":       func(f *flaws) { f.silentNotifier = true },
 	"inspect-expired":       func(f *flaws) { f.inspectExpired = true },
 	"forget-fence-idle":     func(f *flaws) { f.forgetFenceIdle = true },
+	"ignores-context":       func(f *flaws) { f.ignoreContext = true },
 }
 
 func TestConformance(t *testing.T) {
@@ -148,6 +149,9 @@ func TestSuiteCatchesFlaws(t *testing.T) {
 		// A harness without hooks under RequireHooks: the cases that need
 		// them skip, and the run fails saying which.
 		{"no-hooks", []string{"LostSignal", "ReplyLost", "FenceAfterRestart"}, true},
+		// A call that ignores its context stops the run, naming the call
+		// and the case, instead of hanging until go test's timeout.
+		{"ignores-context", []string{"CancelWhileStoreHangs"}, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.flaw, func(t *testing.T) {
@@ -166,6 +170,12 @@ func TestSuiteCatchesFlaws(t *testing.T) {
 				t.Fatalf("running the child: %v", err)
 			}
 			failed := failedCases(string(out))
+			if tc.flaw == "ignores-context" {
+				if !strings.Contains(string(out), "case TestConformance/CancelWhileStoreHangs: backend Acquire ignores its context") {
+					t.Fatalf("a backend that ignores its context: the run did not name the call and the case:\n%s", tail(string(out), 30))
+				}
+				return
+			}
 			if tc.flaw == "no-hooks" {
 				if !failed["TestConformance"] || !strings.Contains(string(out), "3 of") || !strings.Contains(string(out), "skipped for want of a harness hook") {
 					t.Fatalf("a harness without hooks under RequireHooks: the run did not fail naming the skipped cases:\n%s", tail(string(out), 30))

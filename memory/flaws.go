@@ -24,6 +24,7 @@ type flaws struct {
 	silentNotifier      bool // Watch never wakes anyone
 	inspectExpired      bool // Inspect reports expired locks as held
 	forgetFenceIdle     bool // the fence counter starts again after 300ms without a grant
+	ignoreContext       bool // calls wait for a disconnected client or a paused store regardless of their context
 }
 
 // enforced returns the TTL the store really enforces for a request of ttl.

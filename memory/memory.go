@@ -325,6 +325,9 @@ func (c *Client) enter(ctx context.Context) error {
 	if c.closed.Load() {
 		return backend.ErrClosed
 	}
+	if c.s.flaws.ignoreContext {
+		ctx = context.Background()
+	}
 	if err := c.gate.wait(ctx); err != nil {
 		return err
 	}

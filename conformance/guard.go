@@ -1,0 +1,154 @@
+package conformance
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/distlock/lock/backend"
+)
+
+// guard wraps every backend the suite gets from the harness and watches
+// each call: one still running long after its context ended means a
+// backend that ignores its context, which would otherwise hang the case
+// until go test's global timeout and end in a goroutine dump. The guard
+// then stops the run at once, naming the call and the case: a panic, since
+// the case's own goroutine is the one stuck in the call.
+type guard struct {
+	b     backend.Backend
+	kase  string
+	grace time.Duration
+}
+
+// call starts watching one call of op; the returned function ends it.
+func (g *guard) call(ctx context.Context, op string) func() {
+	if ctx.Done() == nil {
+		return func() {} // a context that never ends
+	}
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-done:
+			return
+		case <-ctx.Done():
+		}
+		t := time.NewTimer(g.grace)
+		defer t.Stop()
+		select {
+		case <-done:
+		case <-t.C:
+			panic(fmt.Sprintf("conformance: case %s: backend %s ignores its context: still running %v after the context ended (%v); a backend call must return promptly with an error wrapping ctx.Err()", g.kase, op, g.grace, context.Cause(ctx)))
+		}
+	}()
+	return func() { close(done) }
+}
+
+func (g *guard) Acquire(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
+	defer g.call(ctx, "Acquire")()
+	return g.b.Acquire(ctx, key, token, ttl)
+}
+
+func (g *guard) Renew(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
+	defer g.call(ctx, "Renew")()
+	return g.b.Renew(ctx, key, token, ttl)
+}
+
+func (g *guard) Release(ctx context.Context, key, token string) error {
+	defer g.call(ctx, "Release")()
+	return g.b.Release(ctx, key, token)
+}
+
+func (g *guard) Close() error { return g.b.Close() }
+
+// Capabilities forwards the backend's, or reports none, as package lock
+// sees a backend without a Describer.
+func (g *guard) Capabilities() backend.Capabilities {
+	if d, ok := g.b.(backend.Describer); ok {
+		return d.Capabilities()
+	}
+	return backend.Capabilities{}
+}
+
+type guardWatch struct{ g *guard }
+
+func (w guardWatch) Watch(ctx context.Context, key string) (backend.Watch, error) {
+	defer w.g.call(ctx, "Watch")()
+	return w.g.b.(backend.Notifier).Watch(ctx, key)
+}
+
+type guardInspect struct{ g *guard }
+
+func (i guardInspect) Inspect(ctx context.Context, key string) (backend.Holder, error) {
+	defer i.g.call(ctx, "Inspect")()
+	return i.g.b.(backend.Inspector).Inspect(ctx, key)
+}
+
+type guardTransfer struct{ g *guard }
+
+func (x guardTransfer) Transfer(ctx context.Context, key, from, to string, ttl time.Duration, opt backend.TransferOptions) (backend.Transferred, error) {
+	defer x.g.call(ctx, "Transfer")()
+	return x.g.b.(backend.Transferer).Transfer(ctx, key, from, to, ttl, opt)
+}
+
+// guarded wraps b in a guard that keeps b's optional interfaces visible.
+func guarded(b backend.Backend, kase string, grace time.Duration) backend.Backend {
+	g := &guard{b: b, kase: kase, grace: grace}
+	_, n := b.(backend.Notifier)
+	_, i := b.(backend.Inspector)
+	_, x := b.(backend.Transferer)
+	w, in, tr := guardWatch{g}, guardInspect{g}, guardTransfer{g}
+	switch {
+	case n && i && x:
+		return struct {
+			*guard
+			guardWatch
+			guardInspect
+			guardTransfer
+		}{g, w, in, tr}
+	case n && i:
+		return struct {
+			*guard
+			guardWatch
+			guardInspect
+		}{g, w, in}
+	case n && x:
+		return struct {
+			*guard
+			guardWatch
+			guardTransfer
+		}{g, w, tr}
+	case i && x:
+		return struct {
+			*guard
+			guardInspect
+			guardTransfer
+		}{g, in, tr}
+	case n:
+		return struct {
+			*guard
+			guardWatch
+		}{g, w}
+	case i:
+		return struct {
+			*guard
+			guardInspect
+		}{g, in}
+	case x:
+		return struct {
+			*guard
+			guardTransfer
+		}{g, tr}
+	}
+	return g
+}
+
+// unguarded returns the backend the harness made, for its hooks.
+func unguarded(b backend.Backend) backend.Backend {
+	type inner interface{ harnessBackend() backend.Backend }
+	if u, ok := b.(inner); ok {
+		return u.harnessBackend()
+	}
+	return b
+}
+
+func (g *guard) harnessBackend() backend.Backend { return g.b }
