@@ -10,6 +10,7 @@ import (
 
 	"github.com/distlock/lock/backend"
 	"github.com/distlock/lock/clock"
+	"github.com/distlock/lock/internal/libflaw"
 )
 
 type leaseState uint8
@@ -87,6 +88,9 @@ func (c *Client) newLease(key, token string, cfg *config, sent time.Time, g back
 		sched:     sched,
 		index:     -1,
 		v:         validity{drift: cfg.driftFor(ttl)},
+	}
+	if libflaw.ZeroDrift {
+		l.v.drift = 0
 	}
 	if !sent.IsZero() {
 		// No other goroutine sees l before the scheduler does: its mutex
@@ -454,10 +458,17 @@ func (l *Lease) renew(ctx context.Context) error {
 			return wrap("renew", l.key, l.err)
 		}
 		l.lastErr = err
+		if libflaw.UnknownRenewIsSuccess {
+			l.extendLocked(sent, g.TTL)
+		}
 		return wrap("renew", l.key, err)
 	}
 	l.lastErr = nil
 	l.extendLocked(sent, g.TTL)
+	if libflaw.RenewLongerTTL {
+		l.v.minTTL = max(l.v.minTTL, l.c.cfg.ttl)
+		l.v.update()
+	}
 	return nil
 }
 

@@ -35,7 +35,8 @@
 //	StaleOwner, ExpiryNotEarly,
 //	TokenExact,
 //	ReleaseAfterExpiry,
-//	FenceAfterIdle,
+//	FenceAfterIdle, TokenShape,
+//	SeveralTTLs,
 //	RenewAfterLoss, Takeover,
 //	CancelWhileWaiting, ManyKeys
 //	Transfer                     backend.Transferer (runs only then)
@@ -48,6 +49,7 @@
 //	CancelWhileStoreHangs
 //	LostSignalWhileRenewalsHang  Disconnecter
 //	ReplyLost                    ReplyHolder and backend.Inspector
+//	DeadlineFromSend             ReplyHolder
 //	FenceAfterRestart            Restarter; checks only with DurableFence
 //
 // # Writing a harness
@@ -183,6 +185,9 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness, opts ...Option) {
 		{"WakeOnRelease", s.wakeOnRelease},
 		{"InspectAfterExpiry", s.inspectAfterExpiry},
 		{"FenceAfterIdle", s.fenceAfterIdle},
+		{"TokenShape", s.tokenShape},
+		{"SeveralTTLs", s.severalTTLs},
+		{"DeadlineFromSend", s.deadlineFromSend},
 		{"RenewAfterLoss", s.renewAfterLoss},
 		{"Takeover", s.takeover},
 		{"CancelWhileWaiting", s.cancelWhileWaiting},

@@ -1,0 +1,155 @@
+package conformance
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/distlock/lock"
+)
+
+// The cases of this file check package lock's own promises, which every
+// backend inherits: deadlines counted from the send with the drift taken
+// off, renewals of unknown outcome that move nothing, owner tokens, and
+// several leases of one client each lost at its own deadline.
+
+// deadlineFromSend: with the store's replies held back, a lease's deadline
+// is at most the send time of its acquire (or renew) plus its TTL minus the
+// drift allowance, measured here before the call; and a renewal whose
+// reply comes after the caller gave up does not move the deadline.
+func (s *suite) deadlineFromSend(t *testing.T) {
+	rh, ok := s.h.(ReplyHolder)
+	if !ok {
+		t.Skip("the harness offers no ReplyHolder: replies cannot be slowed")
+	}
+	ctx := s.ctx(t)
+	key := s.key(t)
+	bb := s.backend(t)
+	// The client's default TTL is longer than the lease's: a renewal must
+	// count with the lease's.
+	c := s.clientOver(t, bb, lock.WithTTL(s.long), lock.WithAutoRenew(false))
+	s.warmUp(ctx, t, c)
+	ttl := max(5*s.short, time.Second)
+	const late = 100 * time.Millisecond
+	slowly := func(f func() error) (time.Time, error) {
+		t.Helper()
+		if err := rh.HoldReplies(ctx, unguarded(bb)); err != nil {
+			t.Fatalf("harness HoldReplies: %v", err)
+		}
+		sent := time.Now()
+		errc := make(chan error, 1)
+		go func() { errc <- f() }()
+		time.Sleep(late) // the delay under test: the reply comes this late
+		if err := rh.DeliverReplies(ctx, unguarded(bb)); err != nil {
+			t.Fatalf("harness DeliverReplies: %v", err)
+		}
+		return sent, <-errc
+	}
+	latest := func(sent time.Time) time.Time { return sent.Add(ttl - lock.DefaultDrift(ttl)) }
+
+	var l *lock.Lease
+	sent, err := slowly(func() (err error) {
+		l, err = c.TryAcquire(ctx, key, lock.WithTTL(ttl))
+		return err
+	})
+	if err != nil {
+		t.Fatalf("TryAcquire: %v", err)
+	}
+	if over := l.Deadline().Sub(latest(sent)); over > time.Millisecond {
+		t.Errorf("after an acquire whose reply came %v late, the deadline is %v later than send + TTL - drift", late, over.Round(time.Millisecond))
+	}
+	sent, err = slowly(func() error { return l.Renew(ctx) })
+	if err != nil {
+		t.Fatalf("Renew: %v", err)
+	}
+	if over := l.Deadline().Sub(latest(sent)); over > time.Millisecond {
+		t.Errorf("after a renewal whose reply came %v late, the deadline is %v later than send + the lease's TTL - drift", late, over.Round(time.Millisecond))
+	}
+
+	// A renewal whose caller gives up before the reply: unknown outcome.
+	before := l.Deadline()
+	if err := rh.HoldReplies(ctx, unguarded(bb)); err != nil {
+		t.Fatalf("harness HoldReplies: %v", err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, late)
+	err = l.Renew(rctx)
+	cancel()
+	if err := rh.DeliverReplies(ctx, unguarded(bb)); err != nil {
+		t.Fatalf("harness DeliverReplies: %v", err)
+	}
+	if err == nil {
+		t.Errorf("Renew returned nil while its reply was held past its context")
+	}
+	if after := l.Deadline(); after.After(before) {
+		t.Errorf("a renewal of unknown outcome moved the deadline by %v", after.Sub(before))
+	}
+	if err := l.Release(ctx); err != nil && !errors.Is(err, lock.ErrLost) {
+		t.Errorf("Release: %v", err)
+	}
+}
+
+// tokenShape: owner tokens are 32 lower-case hex digits (128 bits), all
+// different.
+func (s *suite) tokenShape(t *testing.T) {
+	ctx := s.ctx(t)
+	key := s.key(t)
+	c := s.client(t, lock.WithTTL(s.long))
+	seen := map[string]bool{}
+	for range 200 {
+		l, err := c.TryAcquire(ctx, key)
+		if err != nil {
+			t.Fatalf("TryAcquire: %v", err)
+		}
+		tok := l.Token()
+		if len(tok) != 32 || !isLowerHex(tok) {
+			t.Fatalf("token %q: want 32 lower-case hex digits", tok)
+		}
+		if seen[tok] {
+			t.Fatalf("token %s came twice in %d acquisitions", tok, len(seen)+1)
+		}
+		seen[tok] = true
+		if err := l.Release(ctx); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+	}
+}
+
+func isLowerHex(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// severalTTLs: one client holds leases of different TTLs, taken longest
+// first, without renewals; each is lost at its own deadline, the short one
+// not held up by the longer ones.
+func (s *suite) severalTTLs(t *testing.T) {
+	ctx := s.ctx(t)
+	c := s.client(t, lock.WithAutoRenew(false))
+	var leases []*lock.Lease
+	for _, ttl := range []time.Duration{8 * s.short, 2 * s.short, s.short} {
+		l, err := c.TryAcquire(ctx, s.key(t), lock.WithTTL(ttl))
+		if err != nil {
+			t.Fatalf("TryAcquire: %v", err)
+		}
+		leases = append(leases, l)
+	}
+	for i := len(leases) - 1; i >= 0; i-- { // shortest first
+		l := leases[i]
+		select {
+		case <-l.Done():
+		case <-time.After(time.Until(l.Deadline()) + s.slack):
+			t.Fatalf("the lease of TTL %v was not lost within %v of its deadline", l.TTL(), s.slack)
+		}
+		if late := time.Since(l.Deadline()); late > s.slack {
+			t.Errorf("the lease of TTL %v was lost %v after its deadline", l.TTL(), late)
+		}
+		if !errors.Is(l.Err(), lock.ErrLost) {
+			t.Errorf("Err: %v; want ErrLost", l.Err())
+		}
+	}
+}
