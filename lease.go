@@ -113,7 +113,8 @@ func (c *Client) newHandedLease(key, token string, cfg *config, fence uint64, pr
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.handover = make(chan struct{})
-	l.v.inherit(prev, cfg.clock.Now(), l.ttl)
+	l.acquired = cfg.clock.Now() // for the maximum hold time
+	l.v.inherit(prev, l.acquired, l.ttl)
 	l.renewAt = l.v.deadline
 	l.armLocked()
 	return l
