@@ -34,6 +34,14 @@
 //	                         | start again from 1 (not durable)
 //	wake-ups                 | on release and on restart; expiry is found by
 //	                         | the waiter's timer (lock caps it at the TTL)
+//	released tokens          | a Release sent again answers as the first did,
+//	                         | until the next sweep; with KeepDeadTokens(d)
+//	                         | (netstore sets DeadTokenTTL), for d: an Acquire
+//	                         | with the token, or a Transfer to it, fails with
+//	                         | ErrInvalid
+//	transfer                 | Client.Transfer (backend.Transferer), for
+//	                         | servers built on a Store; package lock does not
+//	                         | transfer on a store in its own process
 //
 // # URLs
 //
@@ -67,6 +75,7 @@ type Store struct {
 	clock     clock.Clock
 	epoch     time.Time
 	fence     atomic.Uint64
+	deadFor   atomic.Int64 // time.Duration; see KeepDeadTokens
 	lastGrant atomic.Int64 // for the forgetFenceIdle flaw
 	shards    [shardCount]shard
 	gate      gate // Pause/Resume
@@ -79,12 +88,19 @@ type shard struct {
 	watchers map[string]*list.List // of *watch, in arrival order
 	sweepAt  int                   // sweep expired entries when locks grows past this
 	released map[string]string     // key -> the token whose release freed it last
+	dead     map[deadKey]tomb      // tokens released within the last deadFor (KeepDeadTokens)
+	deadQ    []deadAt              // the same, in order of death, for sweeping
+	deadHead int                   // deadQ[:deadHead] is swept
 }
 
 type entry struct {
 	token   string
 	fence   uint64
 	expires time.Duration // since the store's epoch
+	// waited: an Acquire by another token found the lock held. Transfer
+	// then refuses to pass it on without a reserved fence, so that the
+	// waiter gets its chance at the next release.
+	waited bool
 }
 
 // StoreOption configures a Store.
@@ -174,6 +190,9 @@ func (s *Store) Restart(mode RestartMode) {
 		if mode == LoseData {
 			clear(sh.locks)
 			clear(sh.released)
+			clear(sh.dead)
+			clear(sh.deadQ)
+			sh.deadQ, sh.deadHead = sh.deadQ[:0], 0
 		}
 		for _, ws := range sh.watchers {
 			for e := ws.Front(); e != nil; e = e.Next() {
@@ -216,7 +235,8 @@ func (s *Store) Watchers() int {
 }
 
 // Client is one connection to a Store. It implements backend.Backend,
-// backend.Notifier, backend.Describer and backend.Inspector.
+// backend.Notifier, backend.Describer, backend.Inspector and
+// backend.Transferer.
 type Client struct {
 	s       *Store
 	gate    gate // Disconnect/Reconnect
@@ -227,10 +247,11 @@ type Client struct {
 }
 
 var (
-	_ backend.Backend   = (*Client)(nil)
-	_ backend.Notifier  = (*Client)(nil)
-	_ backend.Describer = (*Client)(nil)
-	_ backend.Inspector = (*Client)(nil)
+	_ backend.Backend    = (*Client)(nil)
+	_ backend.Notifier   = (*Client)(nil)
+	_ backend.Describer  = (*Client)(nil)
+	_ backend.Inspector  = (*Client)(nil)
+	_ backend.Transferer = (*Client)(nil)
 )
 
 // Store returns the store this client is connected to.
@@ -367,7 +388,15 @@ func (c *Client) acquire(ctx context.Context, key, token string, ttl time.Durati
 	sh := s.shard(key)
 	sh.mu.Lock()
 	now := s.now()
+	if dead, _ := sh.deadToken(key, token, now); dead {
+		sh.mu.Unlock()
+		return backend.Grant{}, fmt.Errorf("%w: memory: acquire with a token that was released before; a token is for one acquisition", backend.ErrInvalid)
+	}
 	if e, ok := sh.locks[key]; ok && now < e.expires {
+		if e.token != token && !e.waited {
+			e.waited = true
+			sh.locks[key] = e
+		}
 		sh.mu.Unlock()
 		if s.flaws.expireEarly {
 			return backend.Grant{}, backend.Locked(0)
@@ -415,6 +444,7 @@ func (sh *shard) maybeSweep(now time.Duration) {
 	}
 	sh.sweepAt = max(64, 2*len(sh.locks))
 	clear(sh.released) // releases sent again come at once, if at all, in a process
+	sh.sweepDead(now)
 }
 
 // Renew implements backend.Backend.
@@ -466,23 +496,80 @@ func (c *Client) release(ctx context.Context, key, token string) error {
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	now := s.now()
 	e, ok := sh.locks[key]
 	if !ok || (!s.flaws.sameToken(e.token, token) && !s.flaws.releaseIgnoresToken) {
-		if sh.released[key] == token {
-			return nil // sent again after it took effect
+		if dead, held := sh.deadToken(key, token, now); dead {
+			if held {
+				return nil // sent again after it took effect
+			}
+			return backend.ErrNotHeld
 		}
+		// Kill it all the same: its acquire may still be on its way.
+		sh.kill(s, key, token, false, now)
 		return backend.ErrNotHeld
 	}
 	delete(sh.locks, key)
-	if s.now() >= e.expires && !s.flaws.releaseExpiredOK {
+	if now >= e.expires && !s.flaws.releaseExpiredOK {
+		sh.kill(s, key, token, false, now)
 		return backend.ErrNotHeld // it had expired: the caller had lost it
 	}
-	if sh.released == nil {
-		sh.released = map[string]string{}
-	}
-	sh.released[key] = token
+	sh.kill(s, key, token, true, now)
 	sh.wakeFirst(key)
 	return nil
+}
+
+// Transfer implements backend.Transferer. An Acquire that finds the key held
+// by another token marks the lock as waited for; a marked lock is not passed
+// on without a reserved fence (ErrTransferRefused), nor does it reserve one,
+// so that it goes back to the store at the next release and the waiter gets
+// its chance. Package lock never transfers on a store in its own process
+// (Capabilities.InProcess); servers built on a Store, such as package
+// netstore, serve it.
+func (c *Client) Transfer(ctx context.Context, key, from, to string, ttl time.Duration, opt backend.TransferOptions) (backend.Transferred, error) {
+	t, err := c.transfer(ctx, key, from, to, ttl, opt)
+	return t, c.replied(ctx, err)
+}
+
+func (c *Client) transfer(ctx context.Context, key, from, to string, ttl time.Duration, opt backend.TransferOptions) (backend.Transferred, error) {
+	if err := c.enter(ctx); err != nil {
+		return backend.Transferred{}, err
+	}
+	if err := checkTTL(ttl); err != nil {
+		return backend.Transferred{}, err
+	}
+	s := c.s
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	now := s.now()
+	if dead, _ := sh.deadToken(key, to, now); dead {
+		// A transfer that arrives after the release that undid it.
+		return backend.Transferred{}, fmt.Errorf("%w: memory: transfer to a token that was released before; a token is for one acquisition", backend.ErrInvalid)
+	}
+	e, ok := sh.locks[key]
+	switch {
+	case !ok || now >= e.expires:
+		return backend.Transferred{}, backend.ErrNotHeld
+	case s.flaws.sameToken(e.token, to):
+		// Sent again after it took effect: report it, reserve nothing.
+		return backend.Transferred{Fence: e.fence, TTL: s.granted(ttl)}, nil
+	case !s.flaws.sameToken(e.token, from):
+		return backend.Transferred{}, backend.ErrNotHeld
+	}
+	fence := opt.Fence
+	if fence == 0 {
+		if e.waited {
+			return backend.Transferred{}, backend.ErrTransferRefused
+		}
+		fence = s.nextFence()
+	}
+	var next uint64
+	if opt.Reserve && !e.waited {
+		next = s.nextFence() // above every fence so far, below every later one
+	}
+	sh.locks[key] = entry{token: to, fence: fence, expires: now + s.flaws.enforced(ttl), waited: e.waited}
+	return backend.Transferred{Fence: fence, TTL: s.granted(ttl), Next: next}, nil
 }
 
 // wakeFirst wakes the longest-waiting watcher of key. Waking one waiter per

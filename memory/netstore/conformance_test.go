@@ -1,0 +1,163 @@
+package netstore_test
+
+import (
+	"context"
+	"net"
+	"sync"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/conformance"
+	"github.com/distlock/lock/conformance/faultproxy"
+	"github.com/distlock/lock/memory"
+	"github.com/distlock/lock/memory/netstore"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// serve starts a Server over store on a free loopback port, closed at the
+// end of the test.
+func serve(t testing.TB, store *memory.Store) *netstore.Server {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := netstore.Serve(ln, store)
+	t.Cleanup(func() { srv.Close() })
+	return srv
+}
+
+// harness gives every backend its own fault proxy in front of one server.
+type harness struct {
+	t     *testing.T
+	store *memory.Store
+	srv   *netstore.Server
+
+	mu      sync.Mutex
+	proxies map[backend.Backend]*faultproxy.Proxy
+}
+
+var (
+	_ conformance.Pauser       = (*harness)(nil)
+	_ conformance.Disconnecter = (*harness)(nil)
+	_ conformance.ReplyHolder  = (*harness)(nil)
+	_ conformance.Restarter    = (*harness)(nil)
+)
+
+// proxied is a Backend that closes its proxy with it, as the exit of its
+// process would: the suite checks that a closed client leaves no
+// goroutines.
+type proxied struct {
+	*netstore.Backend
+	h  *harness
+	px *faultproxy.Proxy
+}
+
+func (p *proxied) Close() error {
+	err := p.Backend.Close()
+	p.px.Close()
+	p.h.mu.Lock()
+	delete(p.h.proxies, p)
+	p.h.mu.Unlock()
+	return err
+}
+
+func (h *harness) NewBackend(context.Context) (backend.Backend, error) {
+	px := faultproxy.Start(h.t, h.srv.Addr().String())
+	b, err := netstore.New(px.Addr)
+	if err != nil {
+		px.Close()
+		return nil, err
+	}
+	p := &proxied{Backend: b, h: h, px: px}
+	h.mu.Lock()
+	h.proxies[p] = px
+	h.mu.Unlock()
+	return p, nil
+}
+
+func (h *harness) Capabilities() backend.Capabilities {
+	b, err := netstore.New(h.srv.Addr().String())
+	if err != nil {
+		h.t.Fatalf("netstore.New: %v", err)
+	}
+	defer b.Close()
+	return b.Capabilities()
+}
+
+func (h *harness) proxy(b backend.Backend) *faultproxy.Proxy {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	px := h.proxies[b]
+	if px == nil {
+		h.t.Fatalf("harness: a backend it did not make: %T", b)
+	}
+	return px
+}
+
+func (h *harness) Pause(context.Context) error  { h.store.Pause(); return nil }
+func (h *harness) Resume(context.Context) error { h.store.Resume(); return nil }
+
+func (h *harness) Disconnect(_ context.Context, b backend.Backend) error {
+	h.proxy(b).Cut()
+	return nil
+}
+
+func (h *harness) Reconnect(_ context.Context, b backend.Backend) error {
+	h.proxy(b).Heal()
+	return nil
+}
+
+// HoldReplies, DeliverReplies and DropReplies act on the server-to-client
+// direction of b's proxy: requests still reach the server.
+func (h *harness) HoldReplies(_ context.Context, b backend.Backend) error {
+	h.proxy(b).Hold(faultproxy.ToClient)
+	return nil
+}
+
+func (h *harness) DeliverReplies(_ context.Context, b backend.Backend) error {
+	h.proxy(b).Deliver(faultproxy.ToClient)
+	return nil
+}
+
+func (h *harness) DropReplies(_ context.Context, b backend.Backend) error {
+	px := h.proxy(b)
+	px.Reset() // held replies go with the connections
+	px.Deliver(faultproxy.ToClient)
+	return nil
+}
+
+// Restart restarts the store, keeping its data or losing it, and resets
+// every client's connections, as a restarted server process would.
+func (h *harness) Restart(_ context.Context, keepData bool) error {
+	mode := memory.LoseData
+	if keepData {
+		mode = memory.KeepData
+	}
+	h.store.Restart(mode)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, px := range h.proxies {
+		px.Reset()
+	}
+	return nil
+}
+
+func TestConformance(t *testing.T) {
+	var store *memory.Store
+	conformance.Run(t, func(t *testing.T) conformance.Harness {
+		store = memory.NewStore()
+		return &harness{t: t, store: store, srv: serve(t, store), proxies: map[backend.Backend]*faultproxy.Proxy{}}
+	}, conformance.RequireHooks())
+	if n := store.Watchers(); n != 0 {
+		t.Errorf("%d watches left open on the server after the suite; want 0", n)
+	}
+	if n := store.Len(); n != 0 {
+		t.Errorf("%d locks left held after the suite; want 0", n)
+	}
+}
