@@ -12,6 +12,7 @@ import (
 
 	"github.com/distlock/lock/backend"
 	"github.com/distlock/lock/conformance"
+	"github.com/distlock/lock/internal/libflaw"
 )
 
 func TestMain(m *testing.M) {
@@ -87,6 +88,13 @@ var flawSwitches = map[string]func(*flaws){
 	"inspect-expired":       func(f *flaws) { f.inspectExpired = true },
 	"forget-fence-idle":     func(f *flaws) { f.forgetFenceIdle = true },
 	"ignores-context":       func(f *flaws) { f.ignoreContext = true },
+	// Flaws of package lock itself, on a correct store.
+	"deadline-from-reply":      func(*flaws) { libflaw.DeadlineFromReply = true },
+	"zero-drift":               func(*flaws) { libflaw.ZeroDrift = true },
+	"renew-longer-ttl":         func(*flaws) { libflaw.RenewLongerTTL = true },
+	"unknown-renew-is-success": func(*flaws) { libflaw.UnknownRenewIsSuccess = true },
+	"short-tokens":             func(*flaws) { libflaw.ShortTokens = true },
+	"scheduler-no-rearm":       func(*flaws) { libflaw.SchedulerNoRearm = true },
 }
 
 func TestConformance(t *testing.T) {
@@ -152,6 +160,12 @@ func TestSuiteCatchesFlaws(t *testing.T) {
 		// A call that ignores its context stops the run, naming the call
 		// and the case, instead of hanging until go test's timeout.
 		{"ignores-context", []string{"CancelWhileStoreHangs"}, true},
+		{"deadline-from-reply", []string{"DeadlineFromSend"}, true},
+		{"zero-drift", []string{"DeadlineFromSend"}, true},
+		{"renew-longer-ttl", []string{"DeadlineFromSend"}, true},
+		{"unknown-renew-is-success", []string{"DeadlineFromSend"}, true},
+		{"short-tokens", []string{"TokenShape"}, true},
+		{"scheduler-no-rearm", []string{"SeveralTTLs"}, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.flaw, func(t *testing.T) {
