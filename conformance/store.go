@@ -5,9 +5,11 @@ import (
 	crand "crypto/rand"
 	"encoding/hex"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/distlock/lock"
 	"github.com/distlock/lock/backend"
@@ -255,5 +257,47 @@ func (s *suite) fenceAfterIdle(t *testing.T) {
 		}
 		s.waitOutExpiry(s.short)
 		s.waitOutExpiry(s.short)
+	}
+}
+
+// keyShapes: the store takes every key package lock accepts: the longest
+// (lock.MaxKeyLen bytes), multi-byte UTF-8, and one with a NUL byte, each
+// distinct from a key it is a prefix of.
+func (s *suite) keyShapes(t *testing.T) {
+	ctx := s.ctx(t)
+	c := s.client(t, lock.WithTTL(s.long))
+	prefix := s.key(t)
+	long := prefix + strings.Repeat("k", lock.MaxKeyLen-len(prefix))
+	b := s.backend(t)
+	defer b.Close()
+	in, inspects := unguarded(b).(backend.Inspector)
+	for _, key := range []string{long, prefix + "/ключ/鍵/🔒", prefix + "/a\x00b"} {
+		l, err := c.TryAcquire(ctx, key)
+		if err != nil {
+			t.Fatalf("TryAcquire of a %d-byte key %q: %v", len(key), key, err)
+		}
+		// A key that differs only in its last character is another lock.
+		_, size := utf8.DecodeLastRuneInString(key)
+		near := key[:len(key)-size] + "_"
+		other, err := c.TryAcquire(ctx, near)
+		if err != nil {
+			t.Fatalf("TryAcquire of %q while %q is held: %v; want another lock", near, key, err)
+		}
+		if _, err := c.TryAcquire(ctx, key); !errors.Is(err, lock.ErrLocked) {
+			t.Errorf("TryAcquire of the held key %q: %v; want ErrLocked", key, err)
+		}
+		if err := l.Renew(ctx); err != nil {
+			t.Errorf("Renew of %q: %v", key, err)
+		}
+		if inspects {
+			if h, err := in.Inspect(ctx, key); err != nil || !h.Held || (h.Token != "" && h.Token != l.Token()) {
+				t.Errorf("Inspect of %q: %+v, %v; want held by %s", key, h, err, l.Token())
+			}
+		}
+		for _, x := range []*lock.Lease{l, other} {
+			if err := x.Release(ctx); err != nil {
+				t.Errorf("Release of %q: %v", x.Key(), err)
+			}
+		}
 	}
 }

@@ -64,6 +64,12 @@ func (s *suite) transfer(t *testing.T) {
 	if _, err := b.Renew(ctx, key, "a", ttl); !errors.Is(err, backend.ErrNotHeld) {
 		t.Fatalf("renew by the previous owner after a transfer: %v; want ErrNotHeld", err)
 	}
+	// Nor with a reserved fence may a token that does not hold the key
+	// transfer it.
+	if _, err := tr.Transfer(ctx, key, "x", "y", ttl, backend.TransferOptions{Fence: ab.Next}); !errors.Is(err, backend.ErrNotHeld) {
+		t.Fatalf("transfer with a reserved fence from a token that does not hold the key: %v; want ErrNotHeld", err)
+	}
+	holds("b")
 	// The same transfer sent again (a retry after a lost reply) succeeds
 	// without reserving anything; to's fence stays between its neighbours.
 	again, err := tr.Transfer(ctx, key, "a", "b", ttl, backend.TransferOptions{Reserve: true})
@@ -107,6 +113,12 @@ func (s *suite) transfer(t *testing.T) {
 		t.Fatalf("transfer c to d with fence %d reserved while another owner waits: got fence %d, next %d; want next 0", bc.Next, cd.Fence, cd.Next)
 	}
 	holds("d")
+	// The owner elsewhere is still known: the next plain transfer is
+	// refused too.
+	if _, err := tr.Transfer(ctx, key, "d", "e", ttl, backend.TransferOptions{Reserve: true}); !errors.Is(err, backend.ErrTransferRefused) {
+		t.Fatalf("plain transfer after a reserved one while another owner still waits: %v; want ErrTransferRefused", err)
+	}
+	holds("d")
 
 	// The waiter gets the key after d's release, with a fence above all.
 	if err := b.Release(ctx, key, "d"); err != nil {
@@ -121,5 +133,19 @@ func (s *suite) transfer(t *testing.T) {
 	}
 	if err := other.Release(ctx, key, "w"); err != nil {
 		t.Fatalf("release by the waiter: %v", err)
+	}
+
+	// A transfer sets the new owner's TTL from now, whatever was left of
+	// the old one's.
+	if _, err := b.Acquire(ctx, key, "p", s.short); err != nil {
+		t.Fatalf("acquire: %v", err)
+	}
+	if _, err := tr.Transfer(ctx, key, "p", "q", s.long, backend.TransferOptions{}); err != nil {
+		t.Fatalf("transfer p to q: %v", err)
+	}
+	s.waitOutExpiry(s.short)
+	holds("q")
+	if err := b.Release(ctx, key, "q"); err != nil {
+		t.Fatalf("release by q: %v", err)
 	}
 }

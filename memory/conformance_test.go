@@ -88,6 +88,10 @@ var flawSwitches = map[string]func(*flaws){
 	"inspect-expired":       func(f *flaws) { f.inspectExpired = true },
 	"forget-fence-idle":     func(f *flaws) { f.forgetFenceIdle = true },
 	"ignores-context":       func(f *flaws) { f.ignoreContext = true },
+	"transfer-any-from":     func(f *flaws) { f.transferAnyFrom = true },
+	"transfer-forgets":      func(f *flaws) { f.transferForgets = true },
+	"transfer-keeps-expiry": func(f *flaws) { f.transferKeepsExpiry = true },
+	"short-keys":            func(f *flaws) { f.shortKeys = true },
 	// Flaws of package lock itself, on a correct store.
 	"deadline-from-reply":      func(*flaws) { libflaw.DeadlineFromReply = true },
 	"zero-drift":               func(*flaws) { libflaw.ZeroDrift = true },
@@ -160,6 +164,10 @@ func TestSuiteCatchesFlaws(t *testing.T) {
 		// A call that ignores its context stops the run, naming the call
 		// and the case, instead of hanging until go test's timeout.
 		{"ignores-context", []string{"CancelWhileStoreHangs"}, true},
+		{"transfer-any-from", []string{"Transfer"}, true},
+		{"transfer-forgets", []string{"Transfer"}, true},
+		{"transfer-keeps-expiry", []string{"Transfer"}, true},
+		{"short-keys", []string{"KeyShapes"}, true},
 		{"deadline-from-reply", []string{"DeadlineFromSend"}, true},
 		{"zero-drift", []string{"DeadlineFromSend"}, true},
 		{"renew-longer-ttl", []string{"DeadlineFromSend"}, true},

@@ -25,6 +25,18 @@ type flaws struct {
 	inspectExpired      bool // Inspect reports expired locks as held
 	forgetFenceIdle     bool // the fence counter starts again after 300ms without a grant
 	ignoreContext       bool // calls wait for a disconnected client or a paused store regardless of their context
+	transferAnyFrom     bool // a transfer with a reserved fence does not check from
+	transferForgets     bool // a transfer forgets that an owner elsewhere waits
+	transferKeepsExpiry bool // a transfer keeps the previous expiry instead of the new TTL
+	shortKeys           bool // keys are stored cut to 64 bytes, as in a column too short
+}
+
+// storedKey returns key as the store keeps it.
+func (f *flaws) storedKey(key string) string {
+	if f.shortKeys && len(key) > 64 {
+		return key[:64]
+	}
+	return key
 }
 
 // enforced returns the TTL the store really enforces for a request of ttl.

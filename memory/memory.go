@@ -370,7 +370,7 @@ func checkTTL(ttl time.Duration) error {
 
 // Acquire implements backend.Backend.
 func (c *Client) Acquire(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
-	g, err := c.acquire(ctx, key, token, ttl)
+	g, err := c.acquire(ctx, c.s.flaws.storedKey(key), token, ttl)
 	return g, c.replied(ctx, err)
 }
 
@@ -449,7 +449,7 @@ func (sh *shard) maybeSweep(now time.Duration) {
 
 // Renew implements backend.Backend.
 func (c *Client) Renew(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
-	g, err := c.renew(ctx, key, token, ttl)
+	g, err := c.renew(ctx, c.s.flaws.storedKey(key), token, ttl)
 	return g, c.replied(ctx, err)
 }
 
@@ -485,7 +485,7 @@ func (c *Client) renew(ctx context.Context, key, token string, ttl time.Duration
 
 // Release implements backend.Backend.
 func (c *Client) Release(ctx context.Context, key, token string) error {
-	return c.replied(ctx, c.release(ctx, key, token))
+	return c.replied(ctx, c.release(ctx, c.s.flaws.storedKey(key), token))
 }
 
 func (c *Client) release(ctx context.Context, key, token string) error {
@@ -527,7 +527,7 @@ func (c *Client) release(ctx context.Context, key, token string) error {
 // (Capabilities.InProcess); servers built on a Store, such as package
 // netstore, serve it.
 func (c *Client) Transfer(ctx context.Context, key, from, to string, ttl time.Duration, opt backend.TransferOptions) (backend.Transferred, error) {
-	t, err := c.transfer(ctx, key, from, to, ttl, opt)
+	t, err := c.transfer(ctx, c.s.flaws.storedKey(key), from, to, ttl, opt)
 	return t, c.replied(ctx, err)
 }
 
@@ -554,7 +554,7 @@ func (c *Client) transfer(ctx context.Context, key, from, to string, ttl time.Du
 	case s.flaws.sameToken(e.token, to):
 		// Sent again after it took effect: report it, reserve nothing.
 		return backend.Transferred{Fence: e.fence, TTL: s.granted(ttl)}, nil
-	case !s.flaws.sameToken(e.token, from):
+	case !s.flaws.sameToken(e.token, from) && !(s.flaws.transferAnyFrom && opt.Fence > 0):
 		return backend.Transferred{}, backend.ErrNotHeld
 	}
 	fence := opt.Fence
@@ -568,7 +568,14 @@ func (c *Client) transfer(ctx context.Context, key, from, to string, ttl time.Du
 	if opt.Reserve && !e.waited {
 		next = s.nextFence() // above every fence so far, below every later one
 	}
-	sh.locks[key] = entry{token: to, fence: fence, expires: now + s.flaws.enforced(ttl), waited: e.waited}
+	n := entry{token: to, fence: fence, expires: now + s.flaws.enforced(ttl), waited: e.waited}
+	if s.flaws.transferForgets {
+		n.waited = false
+	}
+	if s.flaws.transferKeepsExpiry {
+		n.expires = e.expires
+	}
+	sh.locks[key] = n
 	return backend.Transferred{Fence: fence, TTL: s.granted(ttl), Next: next}, nil
 }
 
@@ -587,6 +594,7 @@ func (c *Client) Inspect(ctx context.Context, key string) (backend.Holder, error
 	if err := c.enter(ctx); err != nil {
 		return backend.Holder{}, err
 	}
+	key = c.s.flaws.storedKey(key)
 	sh := c.s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()

@@ -3,14 +3,34 @@ package netstore_test
 import (
 	"context"
 	"errors"
+	"net"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 
 	"github.com/distlock/lock/backend"
 	"github.com/distlock/lock/conformance/faultproxy"
 	"github.com/distlock/lock/memory"
 	"github.com/distlock/lock/memory/netstore"
 )
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// serve starts a Server over store on a free loopback port, closed at the
+// end of the test.
+func serve(t testing.TB, store *memory.Store) *netstore.Server {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := netstore.Serve(ln, store)
+	t.Cleanup(func() { srv.Close() })
+	return srv
+}
 
 func newBackend(t *testing.T, addr string, opts ...netstore.Option) *netstore.Backend {
 	t.Helper()
