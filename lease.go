@@ -453,6 +453,11 @@ func (l *Lease) renew(ctx context.Context) error {
 		}
 		return wrap("renew", l.key, l.err)
 	}
+	if err != nil && errors.Is(err, ErrNotHeld) && libflaw.WatchdogReacquires {
+		if g2, err2 := l.c.b.Acquire(ctx, l.key, newToken(), ttl); err2 == nil {
+			g, err = g2, nil
+		}
+	}
 	if err != nil {
 		if errors.Is(err, ErrNotHeld) {
 			l.endLocked(stateLost, fmt.Errorf("%w: the store no longer holds it for this owner: %w", ErrLost, err))

@@ -5,6 +5,8 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/distlock/lock/internal/libflaw"
 )
 
 // localQueue keeps the goroutines of one Client that want the same key in
@@ -92,6 +94,9 @@ func (q *localQueue) turn(ctx context.Context, key string, cfg *config) (*Lease,
 	case l := <-w.ch:
 		return l, nil
 	case <-ctx.Done():
+	}
+	if libflaw.CancelKeepsTurn {
+		return nil, ctx.Err()
 	}
 	sh.mu.Lock()
 	if w.elem != nil {

@@ -36,7 +36,8 @@
 //	TokenExact, KeyShapes,
 //	ReleaseAfterExpiry,
 //	FenceAfterIdle, TokenShape,
-//	SeveralTTLs,
+//	SeveralTTLs, StoreLosesLock,
+//	CancelInQueue,
 //	RenewAfterLoss, Takeover,
 //	CancelWhileWaiting, ManyKeys
 //	Transfer                     backend.Transferer (runs only then)
@@ -189,6 +190,8 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness, opts ...Option) {
 		{"TokenShape", s.tokenShape},
 		{"SeveralTTLs", s.severalTTLs},
 		{"DeadlineFromSend", s.deadlineFromSend},
+		{"StoreLosesLock", s.storeLosesLock},
+		{"CancelInQueue", s.cancelInQueue},
 		{"RenewAfterLoss", s.renewAfterLoss},
 		{"Takeover", s.takeover},
 		{"CancelWhileWaiting", s.cancelWhileWaiting},

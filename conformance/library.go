@@ -159,3 +159,78 @@ func (s *suite) severalTTLs(t *testing.T) {
 		}
 	}
 }
+
+// storeLosesLock: when the store loses a lock under a live, automatically
+// renewed lease (deleted from outside; here, released with its token by
+// another client), the next renewal reports the lease lost: it never takes
+// the key again, and another owner can have it.
+func (s *suite) storeLosesLock(t *testing.T) {
+	ctx := s.ctx(t)
+	key := s.key(t)
+	ttl := max(3*s.short, time.Second)
+	c := s.client(t, lock.WithTTL(ttl))
+	l, err := c.TryAcquire(ctx, key)
+	if err != nil {
+		t.Fatalf("TryAcquire: %v", err)
+	}
+	outside := s.backend(t)
+	defer outside.Close()
+	if err := outside.Release(ctx, key, l.Token()); err != nil {
+		t.Fatalf("Release from outside: %v", err)
+	}
+	select {
+	case <-l.Done():
+	case <-time.After(ttl/3 + s.slack):
+		t.Fatalf("the store lost the lock, and the lease is still valid after its next renewal (%v)", ttl/3+s.slack)
+	}
+	if !errors.Is(l.Err(), lock.ErrLost) {
+		t.Errorf("Err: %v; want ErrLost", l.Err())
+	}
+	o, err := s.client(t).TryAcquire(ctx, key, lock.WithTTL(s.long))
+	if err != nil {
+		t.Fatalf("another client after the lease was lost: %v; want the key free", err)
+	}
+	o.Release(ctx)
+}
+
+// cancelInQueue: an Acquire whose context ends while it waits behind
+// another goroutine of the same client gives up its place: the goroutine
+// behind it gets the key as soon as the holder releases it.
+func (s *suite) cancelInQueue(t *testing.T) {
+	ctx := s.ctx(t)
+	key := s.key(t)
+	c := s.client(t, lock.WithTTL(s.long))
+	a, err := c.TryAcquire(ctx, key)
+	if err != nil {
+		t.Fatalf("TryAcquire: %v", err)
+	}
+	bctx, cancel := context.WithCancel(ctx)
+	b := make(chan error, 1)
+	go func() {
+		_, err := c.Acquire(bctx, key)
+		b <- err
+	}()
+	waitWaiting(ctx, t, c, key, 1)
+	got := acquireLater(ctx, t, c, key)
+	waitWaiting(ctx, t, c, key, 2)
+	cancel()
+	if err := <-b; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the cancelled Acquire: %v; want context.Canceled", err)
+	}
+	released := time.Now()
+	if err := a.Release(ctx); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	select {
+	case l := <-got:
+		if l == nil {
+			t.FailNow()
+		}
+		if d := time.Since(released); d > s.slack {
+			t.Errorf("the goroutine behind a cancelled one got the key %v after the release; want within %v", d, s.slack)
+		}
+		l.Release(ctx)
+	case <-time.After(s.slack + time.Second):
+		t.Fatalf("the goroutine behind a cancelled one did not get the key within %v of the release", s.slack+time.Second)
+	}
+}

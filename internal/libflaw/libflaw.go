@@ -13,4 +13,6 @@ var (
 	ShortTokens           bool // 16-bit owner tokens
 	UnknownRenewIsSuccess bool // a renewal of unknown outcome extends the deadline
 	SchedulerNoRearm      bool // the scheduler's timer is not moved earlier for a lease due sooner
+	WatchdogReacquires    bool // a renewal that finds the lock gone takes it again
+	CancelKeepsTurn       bool // an Acquire cancelled in the client's queue stays in it
 )
