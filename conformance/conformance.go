@@ -41,6 +41,7 @@
 //	RenewAfterLoss, Takeover,
 //	CancelWhileWaiting, ManyKeys
 //	Transfer                     backend.Transferer (runs only then)
+//	HandoverFails                backend.Transferer, ReplyHolder
 //	WakeOnRelease                backend.Notifier
 //	InspectAfterExpiry,          backend.Inspector
 //	DeadlineWithinStore,
@@ -210,7 +211,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness, opts ...Option) {
 		cases = append(cases[:1], append([]struct {
 			name string
 			run  func(*testing.T)
-		}{{"Transfer", s.transfer}}, cases[1:]...)...)
+		}{{"Transfer", s.transfer}, {"HandoverFails", s.handoverFails}}, cases[1:]...)...)
 	}
 	var skipped []string
 	for _, c := range cases {

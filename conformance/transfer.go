@@ -1,9 +1,12 @@
 package conformance
 
 import (
+	"context"
 	"errors"
 	"testing"
+	"time"
 
+	"github.com/distlock/lock"
 	"github.com/distlock/lock/backend"
 )
 
@@ -148,4 +151,80 @@ func (s *suite) transfer(t *testing.T) {
 	if err := b.Release(ctx, key, "q"); err != nil {
 		t.Fatalf("release by q: %v", err)
 	}
+}
+
+// handoverFails: on a store that transfers locks, goroutines of one client
+// hand the key over ahead of the store; when a handover's reply is lost
+// (its outcome unknown), the goroutine that started under it is told at
+// once that it lost the lock, and the key is freed for others.
+func (s *suite) handoverFails(t *testing.T) {
+	rh, ok := s.h.(ReplyHolder)
+	if !ok {
+		t.Skip("the harness offers no ReplyHolder: a handover's reply cannot be lost")
+	}
+	ctx := s.ctx(t)
+	key := s.key(t)
+	bb := s.backend(t)
+	c := s.clientOver(t, bb, lock.WithTTL(s.long))
+	if c.Capabilities().InProcess {
+		t.Log("a store in the process: package lock hands nothing over ahead of it")
+		return
+	}
+	s.warmUp(ctx, t, c)
+	a, err := c.TryAcquire(ctx, key)
+	if err != nil {
+		t.Fatalf("TryAcquire: %v", err)
+	}
+	gotB := acquireLater(ctx, t, c, key)
+	waitWaiting(ctx, t, c, key, 1)
+	gotC := acquireLater(ctx, t, c, key)
+	waitWaiting(ctx, t, c, key, 2)
+	if err := a.Release(ctx); err != nil { // to B, reserving C's fence
+		t.Fatalf("Release: %v", err)
+	}
+	b := <-gotB
+	if b == nil {
+		t.FailNow()
+	}
+	if err := rh.HoldReplies(ctx, unguarded(bb)); err != nil {
+		t.Fatalf("harness HoldReplies: %v", err)
+	}
+	if err := b.Release(ctx); err != nil { // to C, ahead of the store
+		t.Fatalf("Release: %v", err)
+	}
+	cl := <-gotC
+	if cl == nil {
+		t.FailNow()
+	}
+	done := cl.Done()
+	if err := rh.DropReplies(ctx, unguarded(bb)); err != nil {
+		t.Fatalf("harness DropReplies: %v", err)
+	}
+	dropped := time.Now()
+	select {
+	case <-done:
+	case <-time.After(s.slack + time.Second):
+		// With a client library that sends the transfer again, it may
+		// land after all: then the lease carries on, and that is right.
+		if err := cl.Renew(ctx); err == nil {
+			cl.Release(ctx)
+			return
+		}
+		t.Fatalf("the handover's reply was lost %v ago, and the lease it started is neither lost nor renewable", time.Since(dropped))
+	}
+	if !errors.Is(cl.Err(), lock.ErrLost) {
+		t.Errorf("Err after a lost handover: %v; want ErrLost", cl.Err())
+	}
+	// Both tokens are released: another client takes the key well before
+	// the TTL.
+	wctx, cancel := context.WithTimeout(ctx, s.long/2)
+	defer cancel()
+	o, err := s.client(t).Acquire(wctx, key, lock.WithTTL(s.long))
+	if err != nil {
+		t.Fatalf("another client after a lost handover: %v; want the key freed", err)
+	}
+	if o.Fence() <= cl.Fence() {
+		t.Errorf("fence %d after %d", o.Fence(), cl.Fence())
+	}
+	o.Release(ctx)
 }
