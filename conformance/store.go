@@ -101,17 +101,25 @@ func (s *suite) expiryNotEarly(t *testing.T) {
 	}
 }
 
-// tokenExact: renew and release compare whole tokens: a token that differs
-// from the holder's in one character, first or last, changes nothing.
-func (s *suite) tokenExact(t *testing.T) {
+// heldKey returns a new backend (closed at the end of the case) holding a
+// new key for a new token, for ttl.
+func (s *suite) heldKey(t *testing.T, ttl time.Duration) (context.Context, string, backend.Backend, string) {
+	t.Helper()
 	ctx := s.ctx(t)
 	key := s.key(t)
 	b := s.backend(t)
-	defer b.Close()
+	t.Cleanup(func() { b.Close() })
 	tok := newToken()
-	if _, err := b.Acquire(ctx, key, tok, s.long); err != nil {
+	if _, err := b.Acquire(ctx, key, tok, ttl); err != nil {
 		t.Fatalf("Acquire: %v", err)
 	}
+	return ctx, key, b, tok
+}
+
+// tokenExact: renew and release compare whole tokens: a token that differs
+// from the holder's in one character, first or last, changes nothing.
+func (s *suite) tokenExact(t *testing.T) {
+	ctx, key, b, tok := s.heldKey(t, s.long)
 	flip := func(c byte) string {
 		if c == '0' {
 			return "1"
@@ -138,14 +146,7 @@ func (s *suite) tokenExact(t *testing.T) {
 // successor, returns ErrNotHeld from the store, and package lock reports
 // the lease as lost.
 func (s *suite) releaseAfterExpiry(t *testing.T) {
-	ctx := s.ctx(t)
-	key := s.key(t)
-	b := s.backend(t)
-	defer b.Close()
-	tok := newToken()
-	if _, err := b.Acquire(ctx, key, tok, s.short); err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
+	ctx, key, b, tok := s.heldKey(t, s.short)
 	c := s.client(t, lock.WithTTL(s.short), lock.WithAutoRenew(false))
 	l, err := c.TryAcquire(ctx, key+"/lease")
 	if err != nil {
@@ -218,14 +219,7 @@ func (s *suite) wakeOnRelease(t *testing.T) {
 // inspectAfterExpiry: Inspect reports an expired lock as free.
 func (s *suite) inspectAfterExpiry(t *testing.T) {
 	in := s.inspector(t)
-	ctx := s.ctx(t)
-	key := s.key(t)
-	b := s.backend(t)
-	defer b.Close()
-	tok := newToken()
-	if _, err := b.Acquire(ctx, key, tok, s.short); err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
+	ctx, key, _, tok := s.heldKey(t, s.short)
 	h, err := in.Inspect(ctx, key)
 	if err != nil || !h.Held || (h.Token != "" && h.Token != tok) {
 		t.Fatalf("Inspect of a held lock: %+v, %v; want held by %s", h, err, tok)

@@ -140,11 +140,46 @@ func (p *Process) signal(sig syscall.Signal) {
 }
 
 // Stop suspends the server with SIGSTOP: connections are accepted by the
-// kernel, nothing is answered, until Continue.
-func (p *Process) Stop() { p.signal(syscall.SIGSTOP) }
+// kernel, nothing is answered, until Continue. On Linux it returns once the
+// process is stopped (a signal is delivered asynchronously).
+func (p *Process) Stop() {
+	p.signal(syscall.SIGSTOP)
+	p.waitState(true)
+}
 
-// Continue resumes a stopped server with SIGCONT.
-func (p *Process) Continue() { p.signal(syscall.SIGCONT) }
+// Continue resumes a stopped server with SIGCONT; on Linux it returns once
+// the process runs again.
+func (p *Process) Continue() {
+	p.signal(syscall.SIGCONT)
+	p.waitState(false)
+}
+
+// waitState waits, up to a second, until /proc says the process is stopped
+// (or not). Where there is no /proc it returns at once.
+func (p *Process) waitState(stopped bool) {
+	p.mu.Lock()
+	cmd := p.cmd
+	p.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	path := fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid)
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return
+		}
+		// The state follows the command name, which is in parentheses.
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 || i+2 >= len(b) {
+			return
+		}
+		if isStopped := b[i+2] == 'T'; isStopped == stopped {
+			return
+		}
+		time.Sleep(time.Millisecond) // poll /proc until the signal took effect
+	}
+}
 
 // Kill kills the server with SIGKILL, as a crash would, and reaps it. It is
 // idempotent.
