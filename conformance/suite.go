@@ -712,7 +712,8 @@ func (s *suite) manyKeys(t *testing.T) {
 
 // goroutines returns the stacks of the running goroutines, by goroutine
 // header line ("goroutine 7 [running]:" without the state), that run or
-// were created by code of this module, except the calling one.
+// were created by code outside the standard library (this module's, a
+// backend's, its client library's), except the calling one.
 func goroutines() map[string]string {
 	buf := make([]byte, 1<<20)
 	for {
@@ -725,7 +726,7 @@ func goroutines() map[string]string {
 	}
 	out := map[string]string{}
 	for i, g := range strings.Split(string(buf), "\n\n") {
-		if i == 0 || !strings.Contains(g, "github.com/distlock/lock") {
+		if i == 0 || !outsideStd(g) {
 			continue // the first is the caller
 		}
 		id, _, _ := strings.Cut(g, " [")
@@ -734,8 +735,25 @@ func goroutines() map[string]string {
 	return out
 }
 
-// newGoroutines returns the stacks of this module's goroutines that were not
-// in before.
+// outsideStd reports whether a goroutine's stack has a function of a
+// package outside the standard library: one whose import path starts with
+// a domain ("github.com/...", "go.etcd.io/..."). The test binary's own
+// frames (testing, runtime) do not count.
+func outsideStd(stack string) bool {
+	for _, line := range strings.Split(stack, "\n") {
+		fn := strings.TrimPrefix(line, "created by ")
+		if strings.HasPrefix(fn, "\t") || strings.HasPrefix(fn, "goroutine ") {
+			continue // a file line, or the header
+		}
+		if first, _, ok := strings.Cut(fn, "/"); ok && strings.Contains(first, ".") {
+			return true
+		}
+	}
+	return false
+}
+
+// newGoroutines returns the stacks of the goroutines outside the standard
+// library that were not in before.
 func newGoroutines(before map[string]string) []string {
 	var out []string
 	for id, g := range goroutines() {
