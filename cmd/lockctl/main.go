@@ -5,6 +5,7 @@
 //	lockctl run --backend redis://localhost:6379 nightly-report -- ./report.sh
 //	lockctl status --backend redis://localhost:6379 nightly-report
 //	lockctl bench --backend redis://localhost:6379
+//	lockctl init-nodes --backend redlock://h1:6379,h2:6379,h3:6379  # once, new deployment
 //
 // The backend is a URL (--backend, or the LOCK_BACKEND environment variable);
 // every scheme of this module is registered: mem, redis, rediss, unix and
@@ -48,6 +49,7 @@ commands:
   status  [--backend URL] KEY
   demo    [--backend URL] [--buyers N] [--units N]
   bench   [--backend URL] [--duration D]
+  init-nodes [--backend redlock://...]   (once, for a new Redlock deployment)
 the backend URL comes from --backend or LOCK_BACKEND; schemes: `
 
 // lockctl runs one command line and returns the exit status.
@@ -66,11 +68,13 @@ func lockctl(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 		return env.demo(ctx, args[1:])
 	case "bench":
 		return env.bench(ctx, args[1:])
+	case "init-nodes":
+		return env.initNodes(ctx, args[1:])
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage+strings.Join(lock.Schemes(), ", ")+"\n")
 		return exitOK
 	}
-	return env.usageError("", "unknown command %q; valid: run, status, demo, bench", args[0])
+	return env.usageError("", "unknown command %q; valid: run, status, demo, bench, init-nodes", args[0])
 }
 
 type environment struct {

@@ -16,7 +16,6 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/distlock/lock/internal/redistest"
-	"github.com/distlock/lock/redis"
 )
 
 func TestMain(m *testing.M) {
@@ -245,21 +244,20 @@ func TestDemoOnRedis(t *testing.T) {
 
 func TestRunOnRedlock(t *testing.T) {
 	var addrs []string
-	var nodes []redis.Client
 	for i := 0; i < 3; i++ {
 		addrs = append(addrs, redistest.Start(t, redistest.NoPersistence).Addr)
-		nodes = append(nodes, redistest.Client(t, addrs[i]))
 	}
-	// New servers: they vote at once instead of waiting the maximum TTL.
-	r, err := redis.NewRedlock(nodes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := r.InitNewNodes(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	r.Close()
 	url := "redlock://" + strings.Join(addrs, ",")
+	// New servers: they vote at once instead of waiting the maximum TTL.
+	if code, out, stderr := call(t, nil, "init-nodes", "--backend", url); code != 0 || !strings.HasPrefix(out, "3 nodes marked") {
+		t.Fatalf("init-nodes: status %d, output %q, stderr %q", code, out, stderr)
+	}
+	if code, out, _ := call(t, nil, "init-nodes", "--backend", url); code != 0 || !strings.HasPrefix(out, "0 nodes marked") {
+		t.Fatalf("init-nodes again: status %d, output %q; want nothing marked", code, out)
+	}
+	if code, _, stderr := call(t, nil, "init-nodes", "--backend", "mem://"); code != exitUsage || !strings.Contains(stderr, "only redlock://") {
+		t.Fatalf("init-nodes on mem://: status %d, stderr %q; want a usage error", code, stderr)
+	}
 	code, out, stderr := call(t, nil, "run", "--backend", url, "job", "--", "sh", "-c", `echo "$LOCK_FENCE"`)
 	if code != 0 || strings.TrimSpace(out) != "1" {
 		t.Fatalf("run on redlock: status %d, output %q, stderr %q", code, out, stderr)
