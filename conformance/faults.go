@@ -330,10 +330,7 @@ func (s *suite) cancelUnderLoad(t *testing.T) {
 // client a lease whose deadline is within the store's expiry, and lost
 // before another client takes the key.
 func (s *suite) replyLost(t *testing.T) {
-	rh, ok := s.h.(ReplyHolder)
-	if !ok {
-		t.Skip("the harness offers no ReplyHolder: replies cannot be held after the store acted")
-	}
+	rh := s.replyHolder(t)
 	in := s.inspector(t)
 	t.Run("ReleaseReplyDropped", func(t *testing.T) {
 		ctx := s.ctx(t)
@@ -345,9 +342,7 @@ func (s *suite) replyLost(t *testing.T) {
 		if err != nil {
 			t.Fatalf("TryAcquire: %v", err)
 		}
-		if err := rh.HoldReplies(ctx, unguarded(bb)); err != nil {
-			t.Fatalf("harness HoldReplies: %v", err)
-		}
+		replies(ctx, t, rh, bb).hold()
 		released := make(chan error, 1)
 		go func() { released <- l.Release(ctx) }()
 		for { // until the store ran the release
@@ -360,9 +355,7 @@ func (s *suite) replyLost(t *testing.T) {
 			}
 			time.Sleep(time.Millisecond) // poll the store
 		}
-		if err := rh.DropReplies(ctx, unguarded(bb)); err != nil {
-			t.Fatalf("harness DropReplies: %v", err)
-		}
+		replies(ctx, t, rh, bb).drop()
 		if err := <-released; errors.Is(err, lock.ErrLost) {
 			t.Fatalf("Release of a lease held until the store freed the key, after its reply was lost: %v; it must not report the lease as lost", err)
 		}
@@ -380,15 +373,11 @@ func (s *suite) replyLost(t *testing.T) {
 		}
 		got := acquireLater(ctx, t, c, key)
 		waitWaiting(ctx, t, c, key, 1)
-		if err := rh.HoldReplies(ctx, unguarded(bb)); err != nil {
-			t.Fatalf("harness HoldReplies: %v", err)
-		}
+		replies(ctx, t, rh, bb).hold()
 		rctx, cancel := context.WithTimeout(ctx, ttl*3/10)
 		a.Release(rctx) // gives up before its reply comes: the outcome is unknown
 		cancel()
-		if err := rh.DeliverReplies(ctx, unguarded(bb)); err != nil {
-			t.Fatalf("harness DeliverReplies: %v", err)
-		}
+		replies(ctx, t, rh, bb).deliver()
 		w := <-got
 		if w == nil {
 			t.FailNow()
@@ -425,5 +414,39 @@ func (s *suite) warmUp(ctx context.Context, t *testing.T, c *lock.Client) {
 			t.Fatalf("Renew: %v", err)
 		}
 		b.Release(ctx)
+	}
+}
+
+// replyHolder returns the harness's ReplyHolder, or skips the case.
+func (s *suite) replyHolder(t *testing.T) ReplyHolder {
+	t.Helper()
+	rh, ok := s.h.(ReplyHolder)
+	if !ok {
+		t.Skip("the harness offers no ReplyHolder: replies cannot be held after the store acted")
+	}
+	return rh
+}
+
+// replyFaults holds, delivers or drops the replies to one backend the suite
+// got from the harness, failing the case when the harness cannot.
+type replyFaults struct {
+	ctx context.Context
+	t   *testing.T
+	rh  ReplyHolder
+	b   backend.Backend
+}
+
+func replies(ctx context.Context, t *testing.T, rh ReplyHolder, b backend.Backend) replyFaults {
+	return replyFaults{ctx, t, rh, unguarded(b)}
+}
+
+func (r replyFaults) hold()    { r.check("HoldReplies", r.rh.HoldReplies(r.ctx, r.b)) }
+func (r replyFaults) deliver() { r.check("DeliverReplies", r.rh.DeliverReplies(r.ctx, r.b)) }
+func (r replyFaults) drop()    { r.check("DropReplies", r.rh.DropReplies(r.ctx, r.b)) }
+
+func (r replyFaults) check(hook string, err error) {
+	r.t.Helper()
+	if err != nil {
+		r.t.Fatalf("harness %s: %v", hook, err)
 	}
 }

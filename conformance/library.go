@@ -19,10 +19,7 @@ import (
 // drift allowance, measured here before the call; and a renewal whose
 // reply comes after the caller gave up does not move the deadline.
 func (s *suite) deadlineFromSend(t *testing.T) {
-	rh, ok := s.h.(ReplyHolder)
-	if !ok {
-		t.Skip("the harness offers no ReplyHolder: replies cannot be slowed")
-	}
+	rh := s.replyHolder(t)
 	ctx := s.ctx(t)
 	key := s.key(t)
 	bb := s.backend(t)
@@ -37,9 +34,7 @@ func (s *suite) deadlineFromSend(t *testing.T) {
 	const tolerance = 10 * time.Millisecond
 	slowly := func(f func() error) (time.Time, error) {
 		t.Helper()
-		if err := rh.HoldReplies(ctx, unguarded(bb)); err != nil {
-			t.Fatalf("harness HoldReplies: %v", err)
-		}
+		replies(ctx, t, rh, bb).hold()
 		sentc := make(chan time.Time, 1)
 		errc := make(chan error, 1)
 		go func() {
@@ -47,9 +42,7 @@ func (s *suite) deadlineFromSend(t *testing.T) {
 			errc <- f()
 		}()
 		time.Sleep(late) // the delay under test: the reply comes this late
-		if err := rh.DeliverReplies(ctx, unguarded(bb)); err != nil {
-			t.Fatalf("harness DeliverReplies: %v", err)
-		}
+		replies(ctx, t, rh, bb).deliver()
 		return <-sentc, <-errc
 	}
 	latest := func(sent time.Time) time.Time { return sent.Add(ttl - lock.DefaultDrift(ttl)) }
@@ -75,15 +68,11 @@ func (s *suite) deadlineFromSend(t *testing.T) {
 
 	// A renewal whose caller gives up before the reply: unknown outcome.
 	before := l.Deadline()
-	if err := rh.HoldReplies(ctx, unguarded(bb)); err != nil {
-		t.Fatalf("harness HoldReplies: %v", err)
-	}
+	replies(ctx, t, rh, bb).hold()
 	rctx, cancel := context.WithTimeout(ctx, late)
 	err = l.Renew(rctx)
 	cancel()
-	if err := rh.DeliverReplies(ctx, unguarded(bb)); err != nil {
-		t.Fatalf("harness DeliverReplies: %v", err)
-	}
+	replies(ctx, t, rh, bb).deliver()
 	if err == nil {
 		t.Errorf("Renew returned nil while its reply was held past its context")
 	}

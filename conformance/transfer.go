@@ -158,10 +158,7 @@ func (s *suite) transfer(t *testing.T) {
 // (its outcome unknown), the goroutine that started under it is told at
 // once that it lost the lock, and the key is freed for others.
 func (s *suite) handoverFails(t *testing.T) {
-	rh, ok := s.h.(ReplyHolder)
-	if !ok {
-		t.Skip("the harness offers no ReplyHolder: a handover's reply cannot be lost")
-	}
+	rh := s.replyHolder(t)
 	ctx := s.ctx(t)
 	key := s.key(t)
 	bb := s.backend(t)
@@ -186,9 +183,7 @@ func (s *suite) handoverFails(t *testing.T) {
 	if b == nil {
 		t.FailNow()
 	}
-	if err := rh.HoldReplies(ctx, unguarded(bb)); err != nil {
-		t.Fatalf("harness HoldReplies: %v", err)
-	}
+	replies(ctx, t, rh, bb).hold()
 	if err := b.Release(ctx); err != nil { // to C, ahead of the store
 		t.Fatalf("Release: %v", err)
 	}
@@ -197,9 +192,7 @@ func (s *suite) handoverFails(t *testing.T) {
 		t.FailNow()
 	}
 	done := cl.Done()
-	if err := rh.DropReplies(ctx, unguarded(bb)); err != nil {
-		t.Fatalf("harness DropReplies: %v", err)
-	}
+	replies(ctx, t, rh, bb).drop()
 	dropped := time.Now()
 	select {
 	case <-done:
