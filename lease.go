@@ -408,6 +408,9 @@ func (l *Lease) settleHandover(ctx context.Context, from string, sent time.Time,
 		if l.state == stateHeld {
 			l.endLocked(stateLost, fmt.Errorf("%w: handing the lock over failed: %w", ErrLost, err))
 		}
+		if libflaw.HandoverUnknownKeeps {
+			return
+		}
 		l.c.cleanup(ctx, l.key, from, l.ttl)
 		l.c.cleanup(ctx, l.key, l.token, l.ttl)
 	}

@@ -1,6 +1,10 @@
 package lock
 
-import "time"
+import (
+	"time"
+
+	"github.com/distlock/lock/internal/libflaw"
+)
 
 // validity is the one owner of a lease's deadline: every change of it
 // passes through the three methods below, and nothing else writes it.
@@ -75,7 +79,7 @@ func (v *validity) update() {
 		return
 	}
 	d := v.confirmed.Add(v.minTTL - v.drift)
-	if !v.inherited.IsZero() && v.inherited.Before(d) {
+	if !v.inherited.IsZero() && (v.inherited.Before(d) || libflaw.HandoverPrevDeadline) {
 		d = v.inherited
 	}
 	v.deadline = d

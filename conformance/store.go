@@ -216,13 +216,23 @@ func (s *suite) wakeOnRelease(t *testing.T) {
 	g.l.Release(ctx)
 }
 
-// inspectAfterExpiry: Inspect reports an expired lock as free.
+// inspectAfterExpiry: Inspect reports the current holder (its token, when
+// the store reveals it, its fence, and a remaining TTL within the store's
+// bounds), not an earlier one, and an expired lock as free.
 func (s *suite) inspectAfterExpiry(t *testing.T) {
 	in := s.inspector(t)
-	ctx, key, _, tok := s.heldKey(t, s.short)
+	ctx, key, b, first := s.heldKey(t, s.short)
+	if err := b.Release(ctx, key, first); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	tok := newToken()
+	g, err := b.Acquire(ctx, key, tok, s.short)
+	if err != nil {
+		t.Fatalf("Acquire after a release: %v", err)
+	}
 	h, err := in.Inspect(ctx, key)
-	if err != nil || !h.Held || (h.Token != "" && h.Token != tok) {
-		t.Fatalf("Inspect of a held lock: %+v, %v; want held by %s", h, err, tok)
+	if err != nil || !h.Held || (h.Token != "" && h.Token != tok) || h.Fence != g.Fence || h.Remaining > s.caps.LatestExpiry(s.short) {
+		t.Fatalf("Inspect of a held lock: %+v, %v; want held by %s with fence %d and at most %v remaining", h, err, tok, g.Fence, s.caps.LatestExpiry(s.short))
 	}
 	s.waitOutExpiry(s.short)
 	if h, err := in.Inspect(ctx, key); err != nil || h.Held {

@@ -86,6 +86,7 @@ var flawSwitches = map[string]func(*flaws){
 	"release-expired-ok":    func(f *flaws) { f.releaseExpiredOK = true },
 	"silent-notifier":       func(f *flaws) { f.silentNotifier = true },
 	"inspect-expired":       func(f *flaws) { f.inspectExpired = true },
+	"inspect-stale":         func(f *flaws) { f.inspectStale = true },
 	"forget-fence-idle":     func(f *flaws) { f.forgetFenceIdle = true },
 	"ignores-context":       func(f *flaws) { f.ignoreContext = true },
 	"transfer-any-from":     func(f *flaws) { f.transferAnyFrom = true },
@@ -157,6 +158,7 @@ func TestSuiteCatchesFlaws(t *testing.T) {
 		{"release-expired-ok", []string{"ReleaseAfterExpiry"}, true},
 		{"silent-notifier", []string{"WakeOnRelease"}, true},
 		{"inspect-expired", []string{"InspectAfterExpiry"}, true},
+		{"inspect-stale", []string{"InspectAfterExpiry"}, true},
 		{"forget-fence-idle", []string{"FenceAfterIdle"}, true},
 		// A harness without hooks under RequireHooks: the cases that need
 		// them skip, and the run fails saying which.

@@ -23,6 +23,7 @@ type flaws struct {
 	releaseExpiredOK    bool // Release of one's own expired lock reports success
 	silentNotifier      bool // Watch never wakes anyone
 	inspectExpired      bool // Inspect reports expired locks as held
+	inspectStale        bool // Inspect reports the key's first holder, not its current one
 	forgetFenceIdle     bool // the fence counter starts again after 300ms without a grant
 	ignoreContext       bool // calls wait for a disconnected client or a paused store regardless of their context
 	transferAnyFrom     bool // a transfer with a reserved fence does not check from

@@ -603,6 +603,9 @@ func (c *Client) Inspect(ctx context.Context, key string) (backend.Holder, error
 	if !ok || (now >= e.expires && !c.s.flaws.inspectExpired) {
 		return backend.Holder{}, nil
 	}
+	if prev, ok := sh.released[key]; ok && c.s.flaws.inspectStale {
+		return backend.Holder{Held: true, Token: prev, Fence: e.fence - 1, Remaining: max(0, e.expires-now)}, nil
+	}
 	return backend.Holder{Held: true, Token: e.token, Fence: e.fence, Remaining: max(0, e.expires-now)}, nil
 }
 

@@ -15,4 +15,6 @@ var (
 	SchedulerNoRearm      bool // the scheduler's timer is not moved earlier for a lease due sooner
 	WatchdogReacquires    bool // a renewal that finds the lock gone takes it again
 	CancelKeepsTurn       bool // an Acquire cancelled in the client's queue stays in it
+	HandoverPrevDeadline  bool // a lease handed over ahead of the store is valid until the previous holder's deadline, whatever its own TTL
+	HandoverUnknownKeeps  bool // a handover of unknown outcome ends the new lease but frees neither token
 )

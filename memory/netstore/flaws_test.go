@@ -20,8 +20,10 @@ var libFlaws = map[string]struct {
 	on   *bool
 	kase string // the conformance case that must catch it
 }{
-	"watchdog-reacquires": {&libflaw.WatchdogReacquires, "StoreLosesLock"},
-	"cancel-keeps-turn":   {&libflaw.CancelKeepsTurn, "CancelInQueue"},
+	"watchdog-reacquires":    {&libflaw.WatchdogReacquires, "StoreLosesLock"},
+	"cancel-keeps-turn":      {&libflaw.CancelKeepsTurn, "CancelInQueue"},
+	"handover-prev-deadline": {&libflaw.HandoverPrevDeadline, "DeadlineWithinStore"},
+	"handover-unknown-keeps": {&libflaw.HandoverUnknownKeeps, "HandoverFails"},
 }
 
 // setLibFlaw turns on the bug named in the environment, in the child.
