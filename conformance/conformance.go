@@ -43,6 +43,7 @@
 //	Transfer                     backend.Transferer (runs only then)
 //	HandoverFails                backend.Transferer, ReplyHolder
 //	WakeOnRelease                backend.Notifier
+//	FIFOOrder                    Capabilities.FIFO (checks only then)
 //	InspectAfterExpiry,          backend.Inspector
 //	DeadlineWithinStore,
 //	RetriedAcquire,
@@ -186,6 +187,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness, opts ...Option) {
 		{"KeyShapes", s.keyShapes},
 		{"ReleaseAfterExpiry", s.releaseAfterExpiry},
 		{"WakeOnRelease", s.wakeOnRelease},
+		{"FIFOOrder", s.fifoOrder},
 		{"InspectAfterExpiry", s.inspectAfterExpiry},
 		{"FenceAfterIdle", s.fenceAfterIdle},
 		{"TokenShape", s.tokenShape},

@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -15,9 +16,10 @@ import (
 // then stops the run at once, naming the call and the case: a panic, since
 // the case's own goroutine is the one stuck in the call.
 type guard struct {
-	b     backend.Backend
-	kase  string
-	grace time.Duration
+	b      backend.Backend
+	kase   string
+	grace  time.Duration
+	locked chan struct{} // receives (buffered one) when an Acquire returned ErrLocked
 }
 
 // call starts watching one call of op; the returned function ends it.
@@ -45,7 +47,14 @@ func (g *guard) call(ctx context.Context, op string) func() {
 
 func (g *guard) Acquire(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
 	defer g.call(ctx, "Acquire")()
-	return g.b.Acquire(ctx, key, token, ttl)
+	gr, err := g.b.Acquire(ctx, key, token, ttl)
+	if errors.Is(err, backend.ErrLocked) {
+		select {
+		case g.locked <- struct{}{}:
+		default:
+		}
+	}
+	return gr, err
 }
 
 func (g *guard) Renew(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
@@ -92,7 +101,7 @@ func (x guardTransfer) Transfer(ctx context.Context, key, from, to string, ttl t
 
 // guarded wraps b in a guard that keeps b's optional interfaces visible.
 func guarded(b backend.Backend, kase string, grace time.Duration) backend.Backend {
-	g := &guard{b: b, kase: kase, grace: grace}
+	g := &guard{b: b, kase: kase, grace: grace, locked: make(chan struct{}, 1)}
 	_, n := b.(backend.Notifier)
 	_, i := b.(backend.Inspector)
 	_, x := b.(backend.Transferer)
@@ -152,3 +161,12 @@ func unguarded(b backend.Backend) backend.Backend {
 }
 
 func (g *guard) harnessBackend() backend.Backend { return g.b }
+
+// lockedReplies returns a channel that receives when an Acquire through b
+// found the key held (the store has seen the caller wait).
+func lockedReplies(b backend.Backend) <-chan struct{} {
+	type observed interface{ lockedC() <-chan struct{} }
+	return b.(observed).lockedC()
+}
+
+func (g *guard) lockedC() <-chan struct{} { return g.locked }

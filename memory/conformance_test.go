@@ -87,6 +87,7 @@ var flawSwitches = map[string]func(*flaws){
 	"silent-notifier":       func(f *flaws) { f.silentNotifier = true },
 	"inspect-expired":       func(f *flaws) { f.inspectExpired = true },
 	"inspect-stale":         func(f *flaws) { f.inspectStale = true },
+	"claims-fifo":           func(f *flaws) { f.claimsFIFO = true },
 	"forget-fence-idle":     func(f *flaws) { f.forgetFenceIdle = true },
 	"ignores-context":       func(f *flaws) { f.ignoreContext = true },
 	"transfer-any-from":     func(f *flaws) { f.transferAnyFrom = true },
@@ -159,6 +160,7 @@ func TestSuiteCatchesFlaws(t *testing.T) {
 		{"silent-notifier", []string{"WakeOnRelease"}, true},
 		{"inspect-expired", []string{"InspectAfterExpiry"}, true},
 		{"inspect-stale", []string{"InspectAfterExpiry"}, true},
+		{"claims-fifo", []string{"FIFOOrder"}, true},
 		{"forget-fence-idle", []string{"FenceAfterIdle"}, true},
 		// A harness without hooks under RequireHooks: the cases that need
 		// them skip, and the run fails saying which.

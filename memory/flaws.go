@@ -24,6 +24,7 @@ type flaws struct {
 	silentNotifier      bool // Watch never wakes anyone
 	inspectExpired      bool // Inspect reports expired locks as held
 	inspectStale        bool // Inspect reports the key's first holder, not its current one
+	claimsFIFO          bool // Capabilities declares FIFO; waiters race newcomers
 	forgetFenceIdle     bool // the fence counter starts again after 300ms without a grant
 	ignoreContext       bool // calls wait for a disconnected client or a paused store regardless of their context
 	transferAnyFrom     bool // a transfer with a reserved fence does not check from

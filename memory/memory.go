@@ -335,6 +335,7 @@ func (c *Client) Capabilities() backend.Capabilities {
 		DurableFence: true, // with Restart(KeepData); see the package doc
 		InProcess:    true,
 	}
+	caps.FIFO = c.s.flaws.claimsFIFO
 	if c.s.flaws.roundDown {
 		caps.Granularity = flawGranularity
 	}

@@ -1,0 +1,103 @@
+package conformance
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/distlock/lock"
+)
+
+// fifoOrder: a store that declares FIFO serves waiters of different clients
+// in the order it first saw them wait (an acquire of theirs found the key
+// held), and a newcomer that keeps trying meanwhile never goes ahead of
+// them. Stores that do not declare FIFO skip the check: nothing is promised.
+func (s *suite) fifoOrder(t *testing.T) {
+	if !s.caps.FIFO {
+		t.Log("the store does not declare FIFO")
+		return
+	}
+	ctx := s.ctx(t)
+	key := s.key(t)
+	holder, err := s.client(t).TryAcquire(ctx, key, lock.WithTTL(s.long))
+	if err != nil {
+		t.Fatalf("TryAcquire: %v", err)
+	}
+	const waiters = 5
+	order := make(chan int, waiters+1)
+	var served atomic.Int32
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for i := range waiters {
+		b := s.backend(t)
+		c := s.clientOver(t, b, lock.WithTTL(s.long))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l, err := c.Acquire(ctx, key)
+			if err != nil {
+				if ctx.Err() == nil {
+					t.Errorf("waiter %d: Acquire: %v", i, err)
+				}
+				order <- -1
+				return
+			}
+			served.Add(1)
+			order <- i
+			if err := l.Release(ctx); err != nil {
+				t.Errorf("waiter %d: Release: %v", i, err)
+			}
+		}()
+		// The next waiter starts once the store has seen this one wait.
+		select {
+		case <-lockedReplies(b):
+		case <-ctx.Done():
+			t.Fatalf("waiter %d never reached the store", i)
+		}
+	}
+	// A newcomer tries right after the release, and then all along; it
+	// must get the key only after every waiter that came before it.
+	late := s.client(t, lock.WithTTL(s.long))
+	if err := holder.Release(ctx); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if l, err := late.TryAcquire(ctx, key); err == nil {
+		t.Errorf("a newcomer took the key right after its release, while %d waiters that came before it waited", waiters)
+		l.Release(ctx)
+	}
+	stop := make(chan struct{})
+	barged := make(chan int, 1)
+	go func() {
+		defer close(barged)
+		for n := 1; ; n++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			l, err := late.TryAcquire(ctx, key)
+			if err == nil {
+				if served.Load() < waiters {
+					barged <- n
+				}
+				l.Release(ctx)
+				return
+			}
+			time.Sleep(time.Millisecond) // a newcomer polling the key
+		}
+	}()
+	var got []int
+	for range waiters {
+		got = append(got, <-order)
+	}
+	close(stop)
+	if n, ok := <-barged; ok {
+		t.Errorf("a newcomer took the key (attempt %d) while waiters that came before it still waited", n)
+	}
+	for i, w := range got {
+		if w != i {
+			t.Fatalf("waiters served in the order %v; want 0..%d, the order the store saw them wait", got, waiters-1)
+		}
+	}
+}
