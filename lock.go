@@ -229,6 +229,12 @@ func (c *Client) check(op, key string, ctx context.Context) error {
 	return nil
 }
 
+// CheckKey returns nil when key is a valid lock key (1 to MaxKeyLen bytes
+// of valid UTF-8), and otherwise an error wrapping ErrInvalidKey that says
+// what is wrong. Acquire and TryAcquire check keys the same way; tools call
+// it to validate a key before sending anything.
+func CheckKey(key string) error { return checkKey("key", key) }
+
 func checkKey(op, key string) error {
 	switch {
 	case key == "":
@@ -329,7 +335,7 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 	if queued && wait {
 		l, err := c.local.turn(ctx, key, cfg)
 		if err != nil {
-			return nil, wrap(op, key, err)
+			return nil, wrap(op, key, gaveUp(err, errLocalHolder))
 		}
 		if l != nil {
 			return l, nil // the previous holder transferred the lock to us
@@ -420,10 +426,19 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 			}
 			backoff = min(backoff*2, cfg.maxBackoff)
 		}
-		if err := c.sleep(ctx, cfg, delay, watch); err != nil {
-			return nil, wrap(op, key, err)
+		if serr := c.sleep(ctx, cfg, delay, watch); serr != nil {
+			return nil, wrap(op, key, gaveUp(serr, err))
 		}
 	}
+}
+
+// gaveUp is the error of an Acquire whose context ended while it waited for
+// a key that locked (an ErrLocked) said was held: it wraps both, so that
+// errors.Is(err, ErrLocked) tells the caller that the key was held when it
+// gave up (not that the store failed), and errors.Is(err,
+// context.DeadlineExceeded) why it gave up.
+func gaveUp(ctxErr, locked error) error {
+	return fmt.Errorf("%w while waiting for a held key (%w)", ctxErr, locked)
 }
 
 // ctxErr is ctx.Err(), or context.DeadlineExceeded once ctx's deadline has

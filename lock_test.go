@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"fmt"
+	"net/url"
 	"runtime"
 	"strings"
 	"sync"
@@ -725,4 +727,66 @@ func TestGoroutinesOfOneClientQueueLocally(t *testing.T) {
 		t.Fatalf("TryAcquire after the release: %v (a waiter that gave up left the key's turn taken?)", err)
 	}
 	l2.Release(ctx)
+}
+
+// An Acquire whose context ends while the key is held says both: that it
+// gave up (the context's error) and that the key was held (ErrLocked), so a
+// caller can tell "held by someone else" from "the store did not answer".
+func TestAcquireGivingUpOnAHeldKeyWrapsErrLocked(t *testing.T) {
+	ctx := context.Background()
+	store := memory.NewStore()
+	a, err := lock.New(store.NewClient())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := lock.New(store.NewClient())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	l, err := a.TryAcquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+	wctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	_, err = b.Acquire(wctx, "k")
+	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, lock.ErrLocked) {
+		t.Fatalf("Acquire that timed out on a held key: %v; want DeadlineExceeded and ErrLocked", err)
+	}
+	// Goroutines of one client wait in the client's queue: the same.
+	wctx2, cancel2 := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel2()
+	if _, err := a.Acquire(wctx2, "k"); !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, lock.ErrLocked) {
+		t.Fatalf("Acquire that timed out behind a goroutine of the same client: %v; want DeadlineExceeded and ErrLocked", err)
+	}
+}
+
+func TestCheckKey(t *testing.T) {
+	for _, k := range []string{"", strings.Repeat("k", lock.MaxKeyLen+1), "\xff"} {
+		if err := lock.CheckKey(k); !errors.Is(err, lock.ErrInvalidKey) || !errors.Is(err, lock.ErrInvalid) {
+			t.Errorf("CheckKey(%.20q): %v; want ErrInvalidKey", k, err)
+		}
+	}
+	for _, k := range []string{"k", strings.Repeat("k", lock.MaxKeyLen), "ключ/\x00"} {
+		if err := lock.CheckKey(k); err != nil {
+			t.Errorf("CheckKey(%.20q): %v; want nil", k, err)
+		}
+	}
+}
+
+// A backend's error that carries the package's prefix is not prefixed twice.
+func TestOpenErrorSaysItsPrefixOnce(t *testing.T) {
+	lock.Register("failing-open-test", nil, func(context.Context, *url.URL) (backend.Backend, error) {
+		return nil, fmt.Errorf("%w: port out of range", backend.ErrInvalid)
+	})
+	_, err := lock.Open(context.Background(), "failing-open-test://h:99999")
+	if !errors.Is(err, lock.ErrInvalid) {
+		t.Fatalf("Open: %v; want ErrInvalid", err)
+	}
+	if n := strings.Count(err.Error(), "lock: "); n != 1 {
+		t.Errorf("Open: %q says %q %d times; want once", err, "lock: ", n)
+	}
 }

@@ -121,7 +121,7 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Client, error) {
 	bu.RawQuery = query.Encode()
 	b, err := s.open(ctx, &bu)
 	if err != nil {
-		return nil, fmt.Errorf("lock: Open %s: %w", u.Redacted(), err)
+		return nil, &openError{url: u.Redacted(), err: err}
 	}
 	c, err := New(b, append(fromURL, opts...)...)
 	if err != nil {
@@ -152,3 +152,16 @@ func parseClientParam(name, value string) (Option, error) {
 		return WithMaxHold(d), nil
 	}
 }
+
+// openError is a backend's failure to open a URL, said once with the
+// package's prefix even when the backend's own error carries it too.
+type openError struct {
+	url string
+	err error
+}
+
+func (e *openError) Error() string {
+	return "lock: Open " + e.url + ": " + strings.TrimPrefix(e.err.Error(), "lock: ")
+}
+
+func (e *openError) Unwrap() error { return e.err }
