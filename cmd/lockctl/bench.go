@@ -14,14 +14,17 @@ import (
 
 // bench: lockctl bench [--backend URL] [--duration D]
 func (e *environment) bench(ctx context.Context, args []string) int {
-	fs := newFlags("bench")
-	backendFlag := fs.String("backend", "", "backend URL (default mem://)")
+	fs := newFlags("bench", "[--backend URL] [--duration D]")
+	backendFlag := fs.String("backend", "", "backend `URL` (default: $LOCK_BACKEND, else mem://)")
 	duration := fs.Duration("duration", 2*time.Second, "length of each scenario")
-	if code, ok := e.parse("bench", fs, args); !ok {
+	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}
-	if *duration <= 0 {
-		return e.usageError("bench", "--duration must be > 0")
+	if code, ok := e.noArgs(fs); !ok {
+		return code
+	}
+	if *duration == 0 {
+		return e.usageError("bench", "--duration must be more than 0, such as 2s")
 	}
 	url := e.backendURL(*backendFlag, "mem://")
 	locks, code := e.open(ctx, "bench", url, lock.WithTTL(10*time.Second))
@@ -45,7 +48,7 @@ func (e *environment) bench(ctx context.Context, args []string) int {
 	for _, sc := range scenarios {
 		r, err := measure(ctx, locks, prefix+sc.name, sc.workers, sc.hot, *duration)
 		if err != nil {
-			fmt.Fprintf(e.stderr, "lockctl bench: %v\n", oneLine(err))
+			fmt.Fprintf(e.stderr, "lockctl bench: %v\n", msg(err))
 			return exitBackend
 		}
 		line := fmt.Sprintf("%-40s %12.0f %10v %10v %10v", sc.name, r.rate, r.p50, r.p90, r.p99)

@@ -34,11 +34,14 @@ func (f *fencedFile) write(fence uint64, content string, checkFence bool) error 
 
 // demo: lockctl demo [--backend URL] [--buyers N] [--units N]
 func (e *environment) demo(ctx context.Context, args []string) int {
-	fs := newFlags("demo")
-	backendFlag := fs.String("backend", "", "backend URL (default mem://)")
-	buyers := fs.Int("buyers", 10000, "concurrent buyers")
-	units := fs.Int("units", 100, "units in stock")
-	if code, ok := e.parse("demo", fs, args); !ok {
+	fs := newFlags("demo", "[--backend URL] [--buyers N] [--units N]")
+	backendFlag := fs.String("backend", "", "backend `URL` (default: $LOCK_BACKEND, else mem://)")
+	buyers := fs.Int("buyers", 10000, "`N` buyers at once")
+	units := fs.Int("units", 100, "`N` units in stock")
+	if code, ok := e.parse(fs, args); !ok {
+		return code
+	}
+	if code, ok := e.noArgs(fs); !ok {
 		return code
 	}
 	if *buyers < 1 || *units < 1 || *units > *buyers {
@@ -54,6 +57,10 @@ func (e *environment) demo(ctx context.Context, args []string) int {
 	crand.Read(run[:])
 	prefix := "lockctl-demo/" + hex.EncodeToString(run[:]) + "/"
 	out := e.stdout
+	if err := probe(ctx, locks, prefix+"probe"); err != nil {
+		fmt.Fprintf(e.stderr, "lockctl demo: backend %s: %v\n", url, msg(err))
+		return exitBackend
+	}
 
 	fmt.Fprintf(out, "Backend: %s\n\n", url)
 	fmt.Fprintf(out, "1. Flash sale: %d units, %d buyers at once. Each buyer reads the stock, and if\n   some is left, writes stock-1: two round trips to the store.\n", *units, *buyers)
@@ -61,7 +68,7 @@ func (e *environment) demo(ctx context.Context, args []string) int {
 	free := e.sale(*buyers, *units, func(inv *flashsale.Inventory, sold *atomic.Int64) error {
 		inv.Buy(sold)
 		return nil
-	}, nil)
+	}, nil, nil)
 	fmt.Fprintf(out, "   Without a lock: %d sold, oversold by %d.\n", free.sold, free.sold-int64(*units))
 
 	start := time.Now()
@@ -69,15 +76,17 @@ func (e *environment) demo(ctx context.Context, args []string) int {
 	progress := func() {
 		fmt.Fprintf(out, "   with the lock: %d of %d buyers served (%v)\n", served.Load(), *buyers, time.Since(start).Round(time.Millisecond))
 	}
+	sctx, stop := context.WithCancel(ctx)
+	defer stop()
 	locked := e.sale(*buyers, *units, func(inv *flashsale.Inventory, sold *atomic.Int64) error {
 		defer served.Add(1)
-		return locks.Do(ctx, prefix+"stock", func(context.Context, *lock.Lease) error {
+		return locks.Do(sctx, prefix+"stock", func(context.Context, *lock.Lease) error {
 			inv.Buy(sold)
 			return nil
 		})
-	}, progress)
+	}, progress, stop)
 	if locked.err != nil {
-		fmt.Fprintf(e.stderr, "lockctl demo: %v\n", oneLine(locked.err))
+		fmt.Fprintf(e.stderr, "lockctl demo: %v\n", msg(locked.err))
 		return exitBackend
 	}
 	fmt.Fprintf(out, "   With the lock: %d sold, %d oversold, in %v.\n\n", locked.sold, locked.sold-int64(*units), locked.took.Round(time.Millisecond))
@@ -85,7 +94,7 @@ func (e *environment) demo(ctx context.Context, args []string) int {
 	fmt.Fprintf(out, "2. GC pause: A holds the lock and stalls (a long GC) past its TTL; B takes\n   over and writes; A wakes up, unaware, and writes too.\n")
 	story, err := e.gcPause(ctx, locks, prefix+"file")
 	if err != nil {
-		fmt.Fprintf(e.stderr, "lockctl demo: %v\n", oneLine(err))
+		fmt.Fprintf(e.stderr, "lockctl demo: %v\n", msg(err))
 		return exitBackend
 	}
 	fmt.Fprint(out, story.narrative)
@@ -108,8 +117,24 @@ type saleResult struct {
 	err  error
 }
 
-// sale runs every buyer at once; progress, if set, is called every second.
-func (e *environment) sale(buyers, units int, buy func(*flashsale.Inventory, *atomic.Int64) error, progress func()) saleResult {
+// probe takes and releases key once, within a few seconds: a backend that
+// cannot be reached fails the demo at once instead of every buyer slowly.
+func probe(ctx context.Context, locks *lock.Client, key string) error {
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	l, err := locks.TryAcquire(pctx, key)
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("did not answer within 5s: %w", err)
+		}
+		return err
+	}
+	return l.Release(pctx)
+}
+
+// sale runs every buyer at once; progress, if set, is called every second;
+// failed, if set, is called at the first error (to stop the other buyers).
+func (e *environment) sale(buyers, units int, buy func(*flashsale.Inventory, *atomic.Int64) error, progress, failed func()) saleResult {
 	inv := flashsale.New(units)
 	var sold atomic.Int64
 	var firstErr error
@@ -121,7 +146,12 @@ func (e *environment) sale(buyers, units int, buy func(*flashsale.Inventory, *at
 		wg.Go(func() {
 			<-gate
 			if err := buy(inv, &sold); err != nil {
-				errOnce.Do(func() { firstErr = err })
+				errOnce.Do(func() {
+					firstErr = err
+					if failed != nil {
+						failed()
+					}
+				})
 			}
 		})
 	}

@@ -15,13 +15,13 @@ type nodeInitializer interface {
 // first locks do not wait the maximum TTL. Only for nodes that never held a
 // lock: a node that came back empty must wait (see redis.Redlock).
 func (e *environment) initNodes(ctx context.Context, args []string) int {
-	fs := newFlags("init-nodes")
-	backendFlag := fs.String("backend", "", "backend URL (redlock://...)")
-	if code, ok := e.parse("init-nodes", fs, args); !ok {
+	fs := newFlags("init-nodes", "[--backend redlock://...]")
+	backendFlag := fs.String("backend", "", "backend `URL`, redlock://... (default: $LOCK_BACKEND)")
+	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}
-	if fs.NArg() != 0 {
-		return e.usageError("init-nodes", "takes no arguments")
+	if code, ok := e.noArgs(fs); !ok {
+		return code
 	}
 	locks, code := e.open(ctx, "init-nodes", e.backendURL(*backendFlag, ""))
 	if locks == nil {
@@ -34,7 +34,7 @@ func (e *environment) initNodes(ctx context.Context, args []string) int {
 	}
 	n, err := in.InitNewNodes(ctx)
 	if err != nil {
-		fmt.Fprintf(e.stderr, "lockctl init-nodes: %v\n", oneLine(err))
+		fmt.Fprintf(e.stderr, "lockctl init-nodes: %v\n", msg(err))
 		return exitBackend
 	}
 	fmt.Fprintf(e.stdout, "%d nodes marked new and ready; nodes already ready or waiting were left alone\n", n)

@@ -11,10 +11,17 @@
 // every scheme of this module is registered: mem, redis, rediss, unix and
 // redlock.
 //
-// Exit status: the child's own status for run; 2 for bad usage (flags, URL,
-// unknown scheme); 75 when run could not get the lock (held, or --timeout
-// passed); 76 when run lost the lock while the command ran (the command was
-// stopped); 69 when the backend failed.
+// Exit status: for run, the command's own status (128+N when signal N ended
+// it), 127 when the command is not found and 126 when it cannot be
+// executed (as a shell says); 2 for bad usage (flags, key, URL, unknown
+// scheme); 75 when run could not get the lock because another owner held
+// it (at once with --no-wait, or still when --timeout ran out); 76 when run
+// lost the lock, or its renewals failed, while the command ran (the
+// command was stopped); 69 when the backend failed: it could not be
+// reached, did not answer in time, or returned an error.
+//
+// run starts the command in a process group of its own and signals the
+// whole group; see the README's "lockctl run: the timeline" for when.
 package main
 
 import (
@@ -23,6 +30,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
+	"runtime/debug"
 	"strings"
 
 	"github.com/distlock/lock"
@@ -37,10 +46,24 @@ const (
 	exitBackend     = 69
 	exitNotAcquired = 75
 	exitLost        = 76
+	exitCannotExec  = 126
+	exitNotFound    = 127
 )
 
 func main() {
+	if isGuard() {
+		os.Exit(guardMain(os.Args[1:]))
+	}
 	os.Exit(lockctl(context.Background(), os.Args[1:], os.Stdout, os.Stderr, os.Getenv))
+}
+
+// version is lockctl's version: the module version it was built from.
+func version() string {
+	v := "(devel)"
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		v = bi.Main.Version
+	}
+	return "lockctl " + v + " " + runtime.Version()
 }
 
 const usage = `usage: lockctl <command> [flags] [args]
@@ -50,6 +73,8 @@ commands:
   demo    [--backend URL] [--buyers N] [--units N]
   bench   [--backend URL] [--duration D]
   init-nodes [--backend redlock://...]   (once, for a new Redlock deployment)
+  version
+"lockctl CMD --help" lists a command's flags with their defaults.
 the backend URL comes from --backend or LOCK_BACKEND; schemes: `
 
 // lockctl runs one command line and returns the exit status.
@@ -70,11 +95,14 @@ func lockctl(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 		return env.bench(ctx, args[1:])
 	case "init-nodes":
 		return env.initNodes(ctx, args[1:])
+	case "version", "--version":
+		fmt.Fprintln(stdout, version())
+		return exitOK
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage+strings.Join(lock.Schemes(), ", ")+"\n")
 		return exitOK
 	}
-	return env.usageError("", "unknown command %q; valid: run, status, demo, bench, init-nodes", args[0])
+	return env.usageError("", "unknown command %q; valid: run, status, demo, bench, init-nodes, version", args[0])
 }
 
 type environment struct {
@@ -113,12 +141,14 @@ func (e *environment) open(ctx context.Context, cmd, url string, opts ...lock.Op
 	case err == nil:
 		return c, exitOK
 	case errors.Is(err, lock.ErrUnknownScheme), errors.Is(err, lock.ErrInvalid):
-		return nil, e.usageError(cmd, "%v", oneLine(err))
+		return nil, e.usageError(cmd, "%v", msg(err))
 	}
-	fmt.Fprintf(e.stderr, "lockctl %s: %v\n", cmd, oneLine(err))
+	fmt.Fprintf(e.stderr, "lockctl %s: %v\n", cmd, msg(err))
 	return nil, exitBackend
 }
 
-func oneLine(err error) string {
-	return strings.ReplaceAll(err.Error(), "\n", "; ")
+// msg is err on one line, without the library's "lock: " prefix (lockctl
+// says its own).
+func msg(err error) string {
+	return strings.ReplaceAll(strings.TrimPrefix(err.Error(), "lock: "), "\n", "; ")
 }

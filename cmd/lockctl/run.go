@@ -3,12 +3,11 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -18,47 +17,43 @@ import (
 	"github.com/distlock/lock/backend"
 )
 
-// newFlags returns a flag set that reports errors through usageError.
-func newFlags(cmd string) *flag.FlagSet {
-	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	return fs
-}
-
-func (e *environment) parse(cmd string, fs *flag.FlagSet, args []string) (int, bool) {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintf(e.stdout, "see: lockctl help\n")
-			return exitOK, false
-		}
-		var names []string
-		fs.VisitAll(func(f *flag.Flag) { names = append(names, "--"+f.Name) })
-		return e.usageError(cmd, "%v; valid flags: %s", err, strings.Join(names, ", ")), false
-	}
-	return exitOK, true
-}
-
 // run: lockctl run [flags] KEY -- CMD [ARGS...]
 func (e *environment) run(ctx context.Context, args []string) int {
-	fs := newFlags("run")
-	backendFlag := fs.String("backend", "", "backend URL")
-	ttl := fs.Duration("ttl", 10*time.Second, "lock TTL; renewed automatically while the command runs")
+	fs := newFlags("run", "[flags] KEY -- CMD [ARGS...]")
+	backendFlag := fs.String("backend", "", "backend `URL` (default: $LOCK_BACKEND)")
+	ttl := fs.Duration("ttl", 10*time.Second, "lock TTL, renewed while the command runs (default: the URL's ttl, else 10s)")
 	wait := fs.Bool("wait", true, "wait for the lock while another owner holds it")
 	noWait := fs.Bool("no-wait", false, "fail at once (status 75) when another owner holds the lock")
-	timeout := fs.Duration("timeout", 0, "give up waiting after this long (0: wait forever)")
-	grace := fs.Duration("grace", 10*time.Second, "after a lost lock, how long the command has between SIGTERM and SIGKILL")
-	if code, ok := e.parse("run", fs, args); !ok {
+	timeout := fs.Duration("timeout", 0, "give up waiting after this long, status 75 (0: wait forever)")
+	grace := fs.Duration("grace", 0, "when renewals fail, SIGTERM the command this long before the lock's deadline; at most TTL/2 (default TTL/4)")
+	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}
 	rest := fs.Args()
+	if len(rest) >= 2 && rest[1] != "--" && strings.HasPrefix(rest[1], "-") {
+		return e.usageError("run", "flag %s after KEY %q: flags go before KEY (lockctl run [flags] KEY -- CMD)", rest[1], rest[0])
+	}
 	if len(rest) < 3 || rest[1] != "--" {
-		return e.usageError("run", "want KEY -- CMD [ARGS...]")
+		return e.usageError("run", "want KEY -- CMD [ARGS...], got %q", strings.Join(rest, " "))
 	}
-	key, command := rest[0], rest[2:]
-	if *ttl <= 0 || *timeout < 0 || *grace < 0 {
-		return e.usageError("run", "--ttl must be > 0, --timeout and --grace >= 0")
+	key, command := rest[0], slices.Clone(rest[2:])
+	if err := lock.CheckKey(key); err != nil {
+		return e.usageError("run", "%v", msg(err))
 	}
-	locks, code := e.open(ctx, "run", e.backendURL(*backendFlag, ""), lock.WithTTL(*ttl))
+	if fs.set("ttl") && *ttl == 0 {
+		return e.usageError("run", "--ttl must be more than 0, such as 10s")
+	}
+	path, err := exec.LookPath(command[0])
+	if err != nil {
+		fmt.Fprintf(e.stderr, "lockctl run: %v\n", err)
+		return startFailure(err)
+	}
+	command[0] = path
+	var opts []lock.Option
+	if fs.set("ttl") { // a default must not override the URL's ttl
+		opts = append(opts, lock.WithTTL(*ttl))
+	}
+	locks, code := e.open(ctx, "run", e.backendURL(*backendFlag, ""), opts...)
 	if locks == nil {
 		return code
 	}
@@ -68,7 +63,15 @@ func (e *environment) run(ctx context.Context, args []string) int {
 	if l == nil {
 		return code
 	}
-	return e.runHolding(ctx, l, command, *grace)
+	g := *grace
+	switch {
+	case !fs.set("grace"):
+		g = l.TTL() / 4
+	case g > l.TTL()/2:
+		release(ctx, l, l.TTL())
+		return e.usageError("run", "--grace %v is more than half the TTL %v: renewals keep at most 2/3 of the TTL ahead, so the command would be stopped while they work; use at most %v", g, l.TTL(), l.TTL()/2)
+	}
+	return e.runHolding(ctx, l, command, g)
 }
 
 func (e *environment) acquire(ctx context.Context, locks *lock.Client, key string, wait bool, timeout time.Duration) (*lock.Lease, int) {
@@ -89,99 +92,128 @@ func (e *environment) acquire(ctx context.Context, locks *lock.Client, key strin
 	case err == nil:
 		return l, exitOK
 	case errors.Is(err, lock.ErrInvalid):
-		return nil, e.usageError("run", "%v", oneLine(err))
-	case errors.Is(err, lock.ErrLocked), errors.Is(err, context.DeadlineExceeded), errors.Is(err, lock.ErrContended):
-		fmt.Fprintf(e.stderr, "lockctl run: %q not acquired: %v\n", key, oneLine(err))
+		return nil, e.usageError("run", "%v", msg(err))
+	case errors.Is(err, lock.ErrLocked), errors.Is(err, lock.ErrContended):
+		// Held by another owner: at once (--no-wait), or still when
+		// --timeout ran out (the error wraps both).
+		why := "held by another owner"
+		if errors.Is(err, context.DeadlineExceeded) {
+			why = fmt.Sprintf("still held by another owner when --timeout %v ran out", timeout)
+		}
+		fmt.Fprintf(e.stderr, "lockctl run: %q not acquired: %s\n", key, why)
 		return nil, exitNotAcquired
+	case errors.Is(err, context.DeadlineExceeded):
+		fmt.Fprintf(e.stderr, "lockctl run: the backend did not answer in time: %v\n", msg(err))
+		return nil, exitBackend
 	}
-	fmt.Fprintf(e.stderr, "lockctl run: %v\n", oneLine(err))
+	fmt.Fprintf(e.stderr, "lockctl run: the backend failed: %v\n", msg(err))
 	return nil, exitBackend
 }
 
-// runHolding runs the command while l is held, stops it if l is lost, and
-// releases l when it exits.
+// release releases l, waiting at most limit.
+func release(ctx context.Context, l *lock.Lease, limit time.Duration) error {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), limit)
+	defer cancel()
+	if err := l.Release(rctx); err != nil && !errors.Is(err, lock.ErrLost) {
+		return err
+	}
+	return nil
+}
+
+// runHolding runs the command while l is held and releases l when the
+// command and every process of its group are gone. The timeline:
+//
+//   - lockctl renews the lease every TTL/3 while the command runs;
+//   - when renewals fail and the lease's remaining validity falls to
+//     grace, the command's process group gets SIGTERM: it has until the
+//     deadline to finish;
+//   - at the deadline (or at once when the store says the lock is gone),
+//     the group gets SIGKILL and lockctl exits 76.
+//
+// The deadline comes before the store can expire the lock (package lock
+// subtracts a drift allowance), so the command is stopped before another
+// owner can get the lock, unless the store itself drops it early (a key
+// deleted from outside, a store that lost its data): then only fencing
+// protects the resource.
 func (e *environment) runHolding(ctx context.Context, l *lock.Lease, command []string, grace time.Duration) int {
-	defer func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.TTL())
-		defer cancel()
-		if err := l.Release(rctx); err != nil && !errors.Is(err, lock.ErrLost) {
-			fmt.Fprintf(e.stderr, "lockctl run: release: %v\n", oneLine(err))
-		}
-	}()
-	cmd := exec.Command(command[0], command[1:]...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, e.stdout, e.stderr
-	cmd.Env = append(os.Environ(),
+	env := append(os.Environ(),
 		"LOCK_KEY="+l.Key(),
 		"LOCK_FENCE="+strconv.FormatUint(l.Fence(), 10),
 		"LOCK_TOKEN="+l.Token(),
 		"LOCK_TTL="+l.TTL().String(),
 	)
-	if err := cmd.Start(); err != nil {
+	g, err := startGroup(command, env, os.Stdin, e.stdout, e.stderr)
+	if err != nil {
 		fmt.Fprintf(e.stderr, "lockctl run: %v\n", err)
-		return 127
+		release(ctx, l, min(l.TTL(), 5*time.Second))
+		return exitBackend
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	defer g.close()
 
-	// Pass on the signals that ask lockctl to stop.
+	// Pass on the signals that ask lockctl to stop, to the whole group.
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 
-	lost := false
-	var kill *time.Timer
+	term := time.NewTimer(time.Until(l.Deadline().Add(-grace)))
+	defer term.Stop()
+	stopped := "" // why lockctl stopped the command, if it did
 	for {
 		select {
-		case err := <-exited:
-			if kill != nil {
-				kill.Stop()
+		case status := <-g.exited:
+			g.close() // what the command left behind goes with it
+			if stopped == "" {
+				if err := release(ctx, l, min(l.TTL(), 5*time.Second)); err != nil {
+					fmt.Fprintf(e.stderr, "lockctl run: release: %v\n", msg(err))
+				}
+				return status
 			}
-			if lost {
-				fmt.Fprintf(e.stderr, "lockctl run: lock %q lost while the command ran (%v); the command was stopped\n", l.Key(), oneLine(l.Err()))
-				return exitLost
-			}
-			return exitStatus(err)
+			release(ctx, l, time.Second)
+			fmt.Fprintf(e.stderr, "lockctl run: lock %q: %s\n", l.Key(), stopped)
+			return exitLost
 		case s := <-sigs:
-			cmd.Process.Signal(s)
-		case <-l.Done():
-			if lost || errors.Is(l.Err(), lock.ErrReleased) {
+			g.signal(s.(syscall.Signal))
+		case <-term.C:
+			left := time.Until(l.Deadline())
+			if left > grace {
+				term.Reset(left - grace) // renewed meanwhile
 				continue
 			}
-			lost = true
-			fmt.Fprintf(e.stderr, "lockctl run: lock %q lost: %v; sending SIGTERM\n", l.Key(), oneLine(l.Err()))
-			cmd.Process.Signal(syscall.SIGTERM)
-			kill = time.AfterFunc(grace, func() { cmd.Process.Kill() })
+			if stopped == "" && l.Err() == nil {
+				stopped = fmt.Sprintf("renewals failed; SIGTERM sent to the command %v before the lock's deadline", left.Round(time.Millisecond))
+				fmt.Fprintf(e.stderr, "lockctl run: lock %q: renewals are failing and the lock is valid for %v more: sending SIGTERM to the command\n", l.Key(), left.Round(time.Millisecond))
+				g.signal(syscall.SIGTERM)
+			}
+		case <-l.Done():
+			if errors.Is(l.Err(), lock.ErrReleased) {
+				continue
+			}
+			stopped = fmt.Sprintf("lost while the command ran (%v); the command was killed", msg(l.Err()))
+			fmt.Fprintf(e.stderr, "lockctl run: lock %q lost: %v; sending SIGKILL to the command\n", l.Key(), msg(l.Err()))
+			g.signal(syscall.SIGKILL)
+			<-g.exited
+			g.close()
+			release(ctx, l, time.Second)
+			fmt.Fprintf(e.stderr, "lockctl run: lock %q: %s\n", l.Key(), stopped)
+			return exitLost
 		}
 	}
-}
-
-// exitStatus maps a child's exit to lockctl's exit status: its code, or
-// 128+signal when a signal ended it.
-func exitStatus(err error) int {
-	if err == nil {
-		return exitOK
-	}
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return 128 + int(ws.Signal())
-		}
-		return ee.ExitCode()
-	}
-	return exitBackend
 }
 
 // status: lockctl status [--backend URL] KEY
 func (e *environment) status(ctx context.Context, args []string) int {
-	fs := newFlags("status")
-	backendFlag := fs.String("backend", "", "backend URL")
-	if code, ok := e.parse("status", fs, args); !ok {
+	fs := newFlags("status", "[--backend URL] KEY")
+	backendFlag := fs.String("backend", "", "backend `URL` (default: $LOCK_BACKEND)")
+	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}
 	if fs.NArg() != 1 {
-		return e.usageError("status", "want exactly one KEY")
+		return e.usageError("status", "want exactly one KEY, got %d arguments", fs.NArg())
 	}
 	key := fs.Arg(0)
+	if err := lock.CheckKey(key); err != nil {
+		return e.usageError("status", "%v", msg(err))
+	}
 	locks, code := e.open(ctx, "status", e.backendURL(*backendFlag, ""))
 	if locks == nil {
 		return code
@@ -192,9 +224,11 @@ func (e *environment) status(ctx context.Context, args []string) int {
 		fmt.Fprintf(e.stderr, "lockctl status: this backend cannot tell who holds a key\n")
 		return exitBackend
 	}
-	h, err := in.Inspect(ctx, key)
+	ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	h, err := in.Inspect(ictx, key)
 	if err != nil {
-		fmt.Fprintf(e.stderr, "lockctl status: %v\n", oneLine(err))
+		fmt.Fprintf(e.stderr, "lockctl status: %v\n", msg(err))
 		return exitBackend
 	}
 	if !h.Held {
