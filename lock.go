@@ -81,6 +81,7 @@ type Client struct {
 	b        backend.Backend
 	notifier backend.Notifier
 	transfer backend.Transferer
+	loss     backend.LossNotifier
 	caps     backend.Capabilities
 	cfg      config
 	sched    *scheduler // runs the timers of leases on cfg.clock
@@ -108,6 +109,9 @@ func New(b backend.Backend, opts ...Option) (*Client, error) {
 	}
 	if t, ok := b.(backend.Transferer); ok {
 		c.transfer = t
+	}
+	if n, ok := b.(backend.LossNotifier); ok {
+		c.loss = n
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -233,18 +237,31 @@ func (c *Client) check(op, key string, ctx context.Context) error {
 // of valid UTF-8), and otherwise an error wrapping ErrInvalidKey that says
 // what is wrong. Acquire and TryAcquire check keys the same way; tools call
 // it to validate a key before sending anything.
-func CheckKey(key string) error { return checkKey("key", key) }
-
-func checkKey(op, key string) error {
-	switch {
-	case key == "":
-		return invalid(ErrInvalidKey, "%s: empty key; a key is 1 to %d bytes of UTF-8", op, MaxKeyLen)
-	case len(key) > MaxKeyLen:
-		return invalid(ErrInvalidKey, "%s: key of %d bytes; a key is 1 to %d bytes of UTF-8", op, len(key), MaxKeyLen)
-	case !utf8.ValidString(key):
-		return invalid(ErrInvalidKey, "%s: key %q is not valid UTF-8; a key is 1 to %d bytes of UTF-8", op, key, MaxKeyLen)
+func CheckKey(key string) error {
+	if p := keyProblem(key); p != "" {
+		return invalid(ErrInvalidKey, "%s", p)
 	}
 	return nil
+}
+
+func checkKey(op, key string) error {
+	if p := keyProblem(key); p != "" {
+		return invalid(ErrInvalidKey, "%s: %s", op, p)
+	}
+	return nil
+}
+
+// keyProblem says what is wrong with key, or "" when nothing is.
+func keyProblem(key string) string {
+	switch {
+	case key == "":
+		return fmt.Sprintf("empty key; a key is 1 to %d bytes of UTF-8", MaxKeyLen)
+	case len(key) > MaxKeyLen:
+		return fmt.Sprintf("key of %d bytes; a key is 1 to %d bytes of UTF-8", len(key), MaxKeyLen)
+	case !utf8.ValidString(key):
+		return fmt.Sprintf("key %q is not valid UTF-8; a key is 1 to %d bytes of UTF-8", key, MaxKeyLen)
+	}
+	return ""
 }
 
 func (c *Client) checkTTL(cfg *config) error {
@@ -371,7 +388,9 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 		}
 		if err == nil {
 			took = true
-			return c.newLease(key, token, cfg, sent, g), nil
+			l := c.newLease(key, token, cfg, sent, g)
+			c.watchLoss(l)
+			return l, nil
 		}
 		if errors.Is(err, ErrContended) {
 			// A split vote: nobody holds the key. Retry after a random
@@ -430,6 +449,23 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 			return nil, wrap(op, key, gaveUp(serr, err))
 		}
 	}
+}
+
+// watchLoss ends l as soon as the store says that its lock is gone, on a
+// backend that can tell (backend.LossNotifier). Ending a lease early never
+// breaks a promise; the backend only reports what the store says.
+func (c *Client) watchLoss(l *Lease) {
+	if c.loss == nil {
+		return
+	}
+	stop := c.loss.NotifyLoss(l.key, l.token, l.fence, func(err error) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if l.state == stateHeld {
+			l.endLocked(stateLost, fmt.Errorf("%w: the store says the lock is gone: %w", ErrLost, err))
+		}
+	})
+	l.onEnd(func(error) { stop() })
 }
 
 // gaveUp is the error of an Acquire whose context ended while it waited for

@@ -199,6 +199,24 @@ type Watch interface {
 	Close(took bool) error
 }
 
+// LossNotifier is an optional interface: a backend whose store can say at
+// once that a lock is no longer held by its token (the key deleted from
+// outside, the session or lease behind it destroyed) implements it, and
+// package lock then ends the lease as soon as the store says so, instead of
+// at its next renewal or its deadline.
+type LossNotifier interface {
+	// NotifyLoss starts watching the lock token holds on key, just
+	// granted. It calls lost, at most once and from a goroutine of the
+	// backend's, when the store says that token no longer holds key, with
+	// an error that says what happened; it must never call it while the
+	// store holds the lock for token (a stale read must not count: watch
+	// from the state that includes the grant). stop ends the watch; it must
+	// not wait for a call of lost in progress, and lost may still be called
+	// once after stop (package lock ignores it once the lease has ended).
+	// Close ends every watch.
+	NotifyLoss(key, token string, fence uint64, lost func(error)) (stop func())
+}
+
 // Transferer is an optional interface: a backend that can pass a held lock
 // from one owner token to another in one atomic step. Package lock uses it
 // to hand a released lock straight to the next goroutine of the same client

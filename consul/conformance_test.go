@@ -1,0 +1,141 @@
+package consul_test
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"testing"
+
+	"github.com/hashicorp/consul/api"
+	"go.uber.org/goleak"
+
+	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/conformance"
+	"github.com/distlock/lock/conformance/faultproxy"
+	"github.com/distlock/lock/consul"
+	"github.com/distlock/lock/internal/consultest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// harness is one Consul server agent; every backend reaches it through a
+// fault proxy of its own, so that one client can be cut off.
+type harness struct {
+	t     *testing.T
+	agent *consultest.Agent
+	mu    sync.Mutex
+	px    map[backend.Backend]*faultproxy.Proxy
+}
+
+var (
+	_ conformance.Pauser       = (*harness)(nil)
+	_ conformance.Disconnecter = (*harness)(nil)
+	_ conformance.Restarter    = (*harness)(nil)
+	_ conformance.ReplyHolder  = (*harness)(nil)
+)
+
+// client returns a Consul client of addr with a transport of its own.
+func client(t testing.TB, addr string) (*api.Client, *http.Transport) {
+	cfg := api.DefaultConfig()
+	cfg.Address = addr
+	cli, err := api.NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cli, cfg.Transport
+}
+
+// newBackend returns a backend of the test agent with the agent's minimum
+// TTL, through proxy px when it is not nil.
+func newBackend(t testing.TB, addr string, opts ...consul.Option) (*owns, *api.Client) {
+	cli, tr := client(t, addr)
+	b, err := consul.New(cli, append([]consul.Option{consul.WithMinTTL(consultest.MinTTL)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &owns{Backend: b, tr: tr}, cli
+}
+
+// owns closes its client's connections and its proxy with the backend, as
+// the exit of its process would.
+type owns struct {
+	*consul.Backend
+	tr *http.Transport
+	px *faultproxy.Proxy
+}
+
+func (o *owns) Close() error {
+	err := o.Backend.Close()
+	o.tr.CloseIdleConnections()
+	if o.px != nil {
+		o.px.Close()
+	}
+	return err
+}
+
+func (h *harness) NewBackend(context.Context) (backend.Backend, error) {
+	px := faultproxy.Start(h.t, h.agent.Addr)
+	b, _ := newBackend(h.t, px.Addr)
+	b.px = px
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.px == nil {
+		h.px = map[backend.Backend]*faultproxy.Proxy{}
+	}
+	h.px[b] = px
+	return b, nil
+}
+
+func (h *harness) Capabilities() backend.Capabilities {
+	cli, _ := client(h.t, h.agent.Addr)
+	b, _ := consul.New(cli, consul.WithMinTTL(consultest.MinTTL))
+	return b.Capabilities()
+}
+
+func (h *harness) proxy(b backend.Backend, f func(*faultproxy.Proxy)) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if px := h.px[b]; px != nil {
+		f(px)
+	}
+	return nil
+}
+
+func (h *harness) Disconnect(_ context.Context, b backend.Backend) error {
+	return h.proxy(b, (*faultproxy.Proxy).Cut)
+}
+
+func (h *harness) Reconnect(_ context.Context, b backend.Backend) error {
+	return h.proxy(b, (*faultproxy.Proxy).Heal)
+}
+
+func (h *harness) HoldReplies(_ context.Context, b backend.Backend) error {
+	return h.proxy(b, func(px *faultproxy.Proxy) { px.Hold(faultproxy.ToClient) })
+}
+
+func (h *harness) DeliverReplies(_ context.Context, b backend.Backend) error {
+	return h.proxy(b, func(px *faultproxy.Proxy) { px.Deliver(faultproxy.ToClient) })
+}
+
+func (h *harness) DropReplies(_ context.Context, b backend.Backend) error {
+	return h.proxy(b, func(px *faultproxy.Proxy) {
+		px.Reset() // held replies go with the connections
+		px.Deliver(faultproxy.ToClient)
+	})
+}
+
+func (h *harness) Pause(context.Context) error  { h.agent.Stop(); return nil }
+func (h *harness) Resume(context.Context) error { h.agent.Continue(); return nil }
+
+func (h *harness) Restart(_ context.Context, keepData bool) error {
+	h.agent.Restart(keepData)
+	return nil
+}
+
+func TestConformance(t *testing.T) {
+	conformance.Run(t, func(t *testing.T) conformance.Harness {
+		return &harness{t: t, agent: consultest.Start(t)}
+	}, conformance.RequireHooks())
+}

@@ -1,0 +1,587 @@
+// Package consul is the Consul backend of package lock: locks are KV
+// entries held by Consul sessions, fences are Raft indexes. Application
+// code should use package lock; this package provides the store.
+//
+//	cli, err := api.NewClient(api.DefaultConfig())
+//	b, err := consul.New(cli)
+//	locks, err := lock.New(b)
+//
+// or lock.Open(ctx, "consul://127.0.0.1:8500").
+//
+// # How it works
+//
+// A lock is the KV entry PREFIX+KEY (default prefix "lock/", the key
+// path-escaped), locked by a session whose TTL is the lock's TTL and whose
+// behavior is "delete". Acquire renews a session that holds no lock, or
+// creates one, and sends one transaction that locks the entry with the
+// owner token as its value and reads it back: the fence is the entry's
+// ModifyIndex, the Raft index of the write that made this owner the
+// holder. Renew renews the session and checks, in the same round trip,
+// that the entry is still locked by it. Release deletes the entry in a
+// transaction that checks the session first. Waiters watch the entry with
+// blocking queries, and a holder watches its own entry: when the entry is
+// deleted or its session destroyed from outside, the lease is lost at
+// once, not at its next renewal.
+//
+// Sessions cost a Raft write to create, so a backend keeps the sessions of
+// released locks and reuses them, one lock at a time each (see
+// sessionPool): a session never holds two locks, so releasing or losing one
+// lock never frees another, and every reuse renews the session in the same
+// round trip as the lock, so the store keeps the lock at least its TTL
+// after the acquire was sent.
+//
+// # Guarantees
+//
+//	fence            | the Raft index of the write that granted the lock:
+//	                 | global, strictly increasing, durable with the
+//	                 | servers' Raft log (a server restart keeps it)
+//	TTL              | from WithMinTTL (the servers' session_ttl_min,
+//	                 | default 10s) to 24h; not rounded
+//	expiry           | Consul expires a session between its TTL and twice
+//	                 | its TTL after the last renewal, and a new leader
+//	                 | restarts every session's timer: the lock may outlive
+//	                 | its TTL by that much plus the lock-delay; the client's
+//	                 | deadline counts the TTL only, from the send
+//	lock-delay       | after a session holding a lock is invalidated (it
+//	                 | expired, or was destroyed from outside), Consul
+//	                 | refuses the key for the lock-delay (default 1s, see
+//	                 | WithLockDelay); releases do not invoke it
+//	server restart   | with a data dir, locks and fences survive; sessions'
+//	                 | timers restart
+//	leader failover  | locks survive (Raft); a session may live up to one
+//	                 | more TTL
+//
+// A release wakes every waiter of the key (their blocking queries return);
+// each then tries once, one of them gets the lock, and the others wait
+// again: Consul has no way to wake one.
+//
+// # URLs
+//
+// consul://host:port and consuls://host:port (HTTPS), with parameters
+// prefix (key prefix, default "lock/"), token (ACL token), minttl (the
+// servers' session_ttl_min, default 10s) and lockdelay (default 1s).
+package consul
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/distlock/lock/backend"
+)
+
+// DefaultPrefix is prepended to every key the backend writes.
+const DefaultPrefix = "lock/"
+
+// DefaultMinTTL is Consul's default minimum session TTL (the servers'
+// session_ttl_min).
+const DefaultMinTTL = 10 * time.Second
+
+// MaxTTL is Consul's maximum session TTL.
+const MaxTTL = 24 * time.Hour
+
+// DefaultLockDelay is the lock-delay of the sessions the backend creates.
+// It is short because package lock never needs it for its own holders: a
+// holder's deadline comes before its session can expire. It protects a
+// holder whose session is destroyed from outside: the holder learns it
+// from its watch within milliseconds, and nobody can take the key for the
+// lock-delay meanwhile.
+const DefaultLockDelay = time.Second
+
+// deadFor is how long a released token stays dead (see backend.Backend's
+// Acquire): far longer than a request can be on its way.
+const deadFor = time.Minute
+
+// Option configures a backend.
+type Option func(*options)
+
+type options struct {
+	prefix    string
+	minTTL    time.Duration
+	lockDelay time.Duration
+	closeCli  func()
+}
+
+// WithPrefix sets the prefix of every key the backend writes (default
+// DefaultPrefix).
+func WithPrefix(p string) Option { return func(o *options) { o.prefix = p } }
+
+// WithMinTTL declares the servers' minimum session TTL (session_ttl_min,
+// default 10s): package lock rejects shorter TTLs with an error that names
+// it.
+func WithMinTTL(d time.Duration) Option { return func(o *options) { o.minTTL = d } }
+
+// WithLockDelay sets the lock-delay of the sessions the backend creates
+// (default DefaultLockDelay; 0 allowed, at most 60s).
+func WithLockDelay(d time.Duration) Option { return func(o *options) { o.lockDelay = d } }
+
+// Backend is a backend.Backend over a Consul agent or server. It
+// implements backend.Notifier, backend.LossNotifier, backend.Inspector and
+// backend.Describer.
+type Backend struct {
+	cli *api.Client
+	o   options
+
+	mu     sync.Mutex
+	owned  map[string]*owned    // token -> its session, while it may hold a lock
+	dead   map[string]tomb      // released tokens
+	deadQ  []string             // dead tokens in order of death
+	delays map[string]time.Time // key -> when a lock-delay on it ends, as last seen
+	pool   sessionPool
+
+	closed atomic.Bool
+	bg     sync.WaitGroup // background destroys and watches
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// owned is what the backend knows of a token's attempt.
+type owned struct {
+	key     string // the entry's name
+	session string
+	ttl     time.Duration
+	fence   uint64 // 0 until granted
+}
+
+// tomb says how a token ended.
+type tomb struct {
+	until time.Time
+	held  bool // it held the lock when released: a retried release is fine
+}
+
+// New returns a backend over cli, the user's own Consul client. The
+// backend does not close anything of cli's.
+func New(cli *api.Client, opts ...Option) (*Backend, error) {
+	if cli == nil {
+		return nil, fmt.Errorf("%w: consul.New: nil client; pass one from api.NewClient", backend.ErrInvalid)
+	}
+	o := options{prefix: DefaultPrefix, minTTL: DefaultMinTTL, lockDelay: DefaultLockDelay}
+	for _, f := range opts {
+		if f != nil {
+			f(&o)
+		}
+	}
+	switch {
+	case o.minTTL <= 0 || o.minTTL > MaxTTL:
+		return nil, fmt.Errorf("%w: consul: minimum TTL %v; want more than 0 and at most %v", backend.ErrInvalid, o.minTTL, MaxTTL)
+	case o.lockDelay < 0 || o.lockDelay > time.Minute:
+		return nil, fmt.Errorf("%w: consul: lock-delay %v; want 0 to 60s", backend.ErrInvalid, o.lockDelay)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Backend{
+		cli:    cli,
+		o:      o,
+		owned:  map[string]*owned{},
+		dead:   map[string]tomb{},
+		delays: map[string]time.Time{},
+		ctx:    ctx,
+		cancel: cancel,
+	}, nil
+}
+
+// Capabilities implements backend.Describer.
+func (b *Backend) Capabilities() backend.Capabilities {
+	return backend.Capabilities{
+		MinTTL:       b.o.minTTL,
+		MaxTTL:       MaxTTL,
+		ExpiryFactor: 2,
+		// A new leader restarts the timers; the lock-delay follows an
+		// expiry; and the servers' clocks run on.
+		ExpirySlack:  b.o.lockDelay + time.Second,
+		DurableFence: true,
+	}
+}
+
+// entry is the KV name of key.
+func (b *Backend) entry(key string) string { return b.o.prefix + url.PathEscape(key) }
+
+func (b *Backend) check(ttl time.Duration) error {
+	if b.closed.Load() {
+		return backend.ErrClosed
+	}
+	if ttl < b.o.minTTL || ttl > MaxTTL {
+		return fmt.Errorf("%w: consul: TTL %v; Consul's sessions take %v (session_ttl_min; see WithMinTTL) to %v", backend.ErrInvalid, ttl, b.o.minTTL, MaxTTL)
+	}
+	return nil
+}
+
+// Acquire implements backend.Backend.
+func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
+	if err := b.check(ttl); err != nil {
+		return backend.Grant{}, err
+	}
+	b.mu.Lock()
+	if _, ok := b.deadToken(token); ok {
+		b.mu.Unlock()
+		return backend.Grant{}, fmt.Errorf("%w: consul: token %s was released before; a token is for one attempt", backend.ErrInvalid, token)
+	}
+	if o := b.owned[token]; o != nil && o.fence != 0 {
+		// Sent again after a lost reply: renew the session so that the
+		// store keeps the lock ttl from this request.
+		b.mu.Unlock()
+		if _, err := b.renewSession(ctx, o.session); err != nil {
+			return backend.Grant{}, err
+		}
+		return backend.Grant{Fence: o.fence, TTL: o.ttl}, nil
+	}
+	b.mu.Unlock()
+
+	for {
+		g, retry, err := b.attempt(ctx, key, token, ttl)
+		if !retry {
+			return g, err
+		}
+	}
+}
+
+// attempt is one try of Acquire; retry is true when it found a reused
+// session expired, and changed nothing.
+func (b *Backend) attempt(ctx context.Context, key, token string, ttl time.Duration) (g backend.Grant, retry bool, err error) {
+	name := b.entry(key)
+	sess, reused, err := b.session(ctx, key, ttl)
+	if err != nil {
+		return backend.Grant{}, false, err
+	}
+	b.mu.Lock()
+	b.owned[token] = &owned{key: name, session: sess, ttl: ttl}
+	b.mu.Unlock()
+
+	ops := api.TxnOps{
+		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: name, Value: []byte(token), Session: sess}},
+		{KV: &api.KVTxnOp{Verb: api.KVGet, Key: name}},
+	}
+	var renewErr error
+	var wg sync.WaitGroup
+	if reused {
+		// The session was renewed before this call: renew it again, in
+		// the same round trip, so that it lives ttl from now at least.
+		wg.Go(func() {
+			if ok, err := b.renewSession(ctx, sess); err != nil {
+				renewErr = err
+			} else if !ok {
+				renewErr = errSessionGone
+			}
+		})
+	}
+	ok, resp, _, err := b.cli.Txn().Txn(ops, (&api.QueryOptions{}).WithContext(ctx))
+	wg.Wait()
+	switch {
+	case err != nil:
+		// The outcome is unknown: package lock releases the token,
+		// which destroys the session.
+		return backend.Grant{}, false, fmt.Errorf("consul: acquire %q: %w", key, err)
+	case ok && renewErr != nil:
+		// Locked, but the session may not live ttl from now: give up
+		// the lock (destroying the session frees it).
+		b.destroyLater(token)
+		return backend.Grant{}, false, fmt.Errorf("consul: acquire %q: renewing the session: %w", key, renewErr)
+	case ok:
+		if len(resp.Results) < 2 || resp.Results[1].KV == nil {
+			b.destroyLater(token)
+			return backend.Grant{}, false, fmt.Errorf("consul: acquire %q: the transaction returned no entry", key)
+		}
+		fence := resp.Results[1].KV.ModifyIndex
+		b.mu.Lock()
+		if o := b.owned[token]; o != nil {
+			o.fence = fence
+		}
+		b.mu.Unlock()
+		return backend.Grant{Fence: fence, TTL: ttl}, false, nil
+	}
+	// Refused: nothing changed, and no copy of the transaction is on its
+	// way. The session holds nothing: it can serve the next attempt, if
+	// it is alive.
+	b.mu.Lock()
+	delete(b.owned, token)
+	b.mu.Unlock()
+	why := txnErrors(resp)
+	alive := renewErr == nil
+	switch {
+	case strings.Contains(why, "invalid session") && reused:
+		return backend.Grant{}, true, nil // it expired while idle
+	case !alive:
+		b.destroy(sess)
+	case strings.Contains(why, "lock delay"), strings.Contains(why, "already held"):
+		b.keep(sess, ttl)
+	default:
+		b.destroy(sess)
+	}
+	switch {
+	case strings.Contains(why, "lock delay"):
+		return backend.Grant{}, false, backend.Locked(b.lockDelayLeft(name))
+	case strings.Contains(why, "already held"):
+		return backend.Grant{}, false, backend.Locked(0)
+	}
+	return backend.Grant{}, false, fmt.Errorf("consul: acquire %q: %s", key, why)
+}
+
+var errSessionGone = errors.New("consul: the session is gone (expired or destroyed)")
+
+// txnErrors joins the errors of a refused transaction.
+func txnErrors(resp *api.TxnResponse) string {
+	if resp == nil || len(resp.Errors) == 0 {
+		return "transaction refused"
+	}
+	var msgs []string
+	for _, e := range resp.Errors {
+		msgs = append(msgs, e.What)
+	}
+	return strings.Join(msgs, "; ")
+}
+
+// lockDelayLeft is how long the lock-delay on name may still last: from
+// when this backend saw the entry go (its watches note it), or the whole
+// lock-delay when it did not.
+func (b *Backend) lockDelayLeft(name string) time.Duration {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if end, ok := b.delays[name]; ok {
+		if left := time.Until(end); left > 0 {
+			return left + time.Millisecond
+		}
+		return time.Millisecond
+	}
+	return b.o.lockDelay + time.Millisecond
+}
+
+// Renew implements backend.Backend: it renews the token's session and, in
+// the same round trip, checks that the entry is still locked by it.
+func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
+	if err := b.check(ttl); err != nil {
+		return backend.Grant{}, err
+	}
+	b.mu.Lock()
+	o := b.owned[token]
+	b.mu.Unlock()
+	if o == nil || o.fence == 0 || o.key != b.entry(key) {
+		return backend.Grant{}, fmt.Errorf("%w: consul: %q is not held by this token", backend.ErrNotHeld, key)
+	}
+	if ttl > o.ttl {
+		return backend.Grant{}, fmt.Errorf("%w: consul: renew %q for %v: its session's TTL is %v; renew for at most that", backend.ErrInvalid, key, ttl, o.ttl)
+	}
+	var alive bool
+	var renewErr error
+	var wg sync.WaitGroup
+	wg.Go(func() { alive, renewErr = b.renewSession(ctx, o.session) })
+	ok, resp, _, err := b.cli.Txn().Txn(api.TxnOps{
+		{KV: &api.KVTxnOp{Verb: api.KVCheckSession, Key: o.key, Session: o.session}},
+	}, (&api.QueryOptions{}).WithContext(ctx))
+	wg.Wait()
+	switch {
+	case err == nil && !ok:
+		b.destroyLater(token)
+		return backend.Grant{}, fmt.Errorf("%w: consul: %q: %s", backend.ErrNotHeld, key, txnErrors(resp))
+	case renewErr == nil && !alive:
+		b.destroyLater(token)
+		return backend.Grant{}, fmt.Errorf("%w: consul: %q: %v", backend.ErrNotHeld, key, errSessionGone)
+	case err != nil:
+		return backend.Grant{}, fmt.Errorf("consul: renew %q: %w", key, err)
+	case renewErr != nil:
+		return backend.Grant{}, fmt.Errorf("consul: renew %q: %w", key, renewErr)
+	}
+	return backend.Grant{Fence: o.fence, TTL: o.ttl}, nil
+}
+
+// renewSession renews id; ok is false when Consul no longer knows it.
+func (b *Backend) renewSession(ctx context.Context, id string) (ok bool, err error) {
+	e, _, err := b.cli.Session().Renew(id, (&api.WriteOptions{}).WithContext(ctx))
+	if err != nil {
+		return false, err
+	}
+	return e != nil, nil
+}
+
+// Release implements backend.Backend: it deletes the entry if the token's
+// session holds it, and keeps the session for a later lock.
+func (b *Backend) Release(ctx context.Context, key, token string) error {
+	if b.closed.Load() {
+		return backend.ErrClosed
+	}
+	b.mu.Lock()
+	if t, ok := b.deadToken(token); ok {
+		b.mu.Unlock()
+		if t.held {
+			return nil // sent again after it took effect
+		}
+		return fmt.Errorf("%w: consul: %q is not held by this token", backend.ErrNotHeld, key)
+	}
+	o := b.owned[token]
+	b.mu.Unlock()
+	if o == nil {
+		return b.releaseOther(ctx, key, token)
+	}
+	if o.key != b.entry(key) {
+		return fmt.Errorf("%w: consul: %q is not held by this token", backend.ErrNotHeld, key)
+	}
+	ok, resp, _, err := b.cli.Txn().Txn(api.TxnOps{
+		{KV: &api.KVTxnOp{Verb: api.KVCheckSession, Key: o.key, Session: o.session}},
+		{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: o.key}},
+	}, (&api.QueryOptions{}).WithContext(ctx))
+	switch {
+	case err != nil:
+		// Unknown outcome; the session is destroyed in the background,
+		// which frees the entry if the delete did not land.
+		b.kill(token, false)
+		b.destroy(o.session)
+		return fmt.Errorf("consul: release %q: %w", key, err)
+	case !ok:
+		// Not held by this session: perhaps a lock still on its way.
+		// Destroying the session makes sure it never lands.
+		b.kill(token, false)
+		b.destroy(o.session)
+		return fmt.Errorf("%w: consul: %q: %s", backend.ErrNotHeld, key, txnErrors(resp))
+	}
+	b.kill(token, true)
+	b.keep(o.session, o.ttl)
+	return nil
+}
+
+// keep pools a session that holds no lock, or destroys it when the pool is
+// full or the backend closed.
+func (b *Backend) keep(id string, ttl time.Duration) {
+	if b.closed.Load() || !b.pool.put(id, ttl) {
+		b.destroy(id)
+	}
+}
+
+// session returns a session of ttl that holds no lock: an idle one
+// (reused: renew it with the lock) or a new one.
+func (b *Backend) session(ctx context.Context, key string, ttl time.Duration) (id string, reused bool, err error) {
+	if id, ok := b.pool.get(ttl); ok {
+		return id, true, nil
+	}
+	id, err = b.createSession(ctx, key, ttl)
+	return id, false, err
+}
+
+// createSession creates a session of ttl with the backend's lock-delay and
+// the delete behavior, tied to no health check.
+func (b *Backend) createSession(ctx context.Context, key string, ttl time.Duration) (string, error) {
+	body := map[string]any{
+		"Name":       "lock " + key,
+		"TTL":        ttl.String(),
+		"LockDelay":  fmt.Sprintf("%dms", b.o.lockDelay.Milliseconds()), // 0 is sent too: Consul's default is 15s
+		"Behavior":   api.SessionBehaviorDelete,
+		"NodeChecks": []string{},
+	}
+	var out struct{ ID string }
+	if _, err := b.cli.Raw().Write("/v1/session/create", body, &out, (&api.WriteOptions{}).WithContext(ctx)); err != nil {
+		return "", fmt.Errorf("consul: acquire %q: creating a session: %w", key, err)
+	}
+	if out.ID == "" {
+		return "", fmt.Errorf("consul: acquire %q: creating a session: no ID in the reply", key)
+	}
+	return out.ID, nil
+}
+
+// releaseOther releases a lock that another client acquired, by its token:
+// it deletes the entry if it still holds token, unchanged since it was read.
+// The owner's session is left alone: the owner learns of the loss from its
+// watch or its next renewal.
+func (b *Backend) releaseOther(ctx context.Context, key, token string) error {
+	name := b.entry(key)
+	kv, _, err := b.cli.KV().Get(name, (&api.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return fmt.Errorf("consul: release %q: %w", key, err)
+	}
+	if kv == nil || kv.Session == "" || string(kv.Value) != token {
+		return fmt.Errorf("%w: consul: %q is not held by this token", backend.ErrNotHeld, key)
+	}
+	ok, resp, _, err := b.cli.Txn().Txn(api.TxnOps{
+		{KV: &api.KVTxnOp{Verb: api.KVCheckIndex, Key: name, Index: kv.ModifyIndex}},
+		{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: name}},
+	}, (&api.QueryOptions{}).WithContext(ctx))
+	switch {
+	case err != nil:
+		return fmt.Errorf("consul: release %q: %w", key, err)
+	case !ok:
+		return fmt.Errorf("%w: consul: %q changed while it was released: %s", backend.ErrNotHeld, key, txnErrors(resp))
+	}
+	return nil
+}
+
+// destroyLater forgets token's attempt and destroys its session in the
+// background.
+func (b *Backend) destroyLater(token string) {
+	b.mu.Lock()
+	o := b.owned[token]
+	b.mu.Unlock()
+	if o != nil {
+		b.kill(token, false)
+		b.destroy(o.session)
+	}
+}
+
+// kill marks token dead and forgets its attempt.
+func (b *Backend) kill(token string, held bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.owned, token)
+	now := time.Now()
+	for len(b.deadQ) > 0 && now.After(b.dead[b.deadQ[0]].until) {
+		delete(b.dead, b.deadQ[0])
+		b.deadQ = b.deadQ[1:]
+	}
+	if _, ok := b.dead[token]; !ok {
+		b.dead[token] = tomb{until: now.Add(deadFor), held: held}
+		b.deadQ = append(b.deadQ, token)
+	}
+}
+
+// deadToken reports whether token was released within deadFor. b.mu must
+// be held.
+func (b *Backend) deadToken(token string) (tomb, bool) {
+	t, ok := b.dead[token]
+	if ok && time.Now().After(t.until) {
+		return tomb{}, false
+	}
+	return t, ok
+}
+
+// destroy destroys a session in the background, bounded; Close waits.
+func (b *Backend) destroy(id string) {
+	b.bg.Go(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		b.cli.Session().Destroy(id, (&api.WriteOptions{}).WithContext(ctx))
+	})
+}
+
+// Inspect implements backend.Inspector.
+func (b *Backend) Inspect(ctx context.Context, key string) (backend.Holder, error) {
+	if b.closed.Load() {
+		return backend.Holder{}, backend.ErrClosed
+	}
+	kv, _, err := b.cli.KV().Get(b.entry(key), (&api.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return backend.Holder{}, fmt.Errorf("consul: inspect %q: %w", key, err)
+	}
+	if kv == nil || kv.Session == "" {
+		return backend.Holder{}, nil
+	}
+	return backend.Holder{Held: true, Token: string(kv.Value), Fence: kv.ModifyIndex}, nil
+}
+
+// Close implements backend.Backend: it stops the watches and destroys the
+// sessions that hold no lock. Held locks are left to expire.
+func (b *Backend) Close() error {
+	if !b.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	b.cancel()
+	for _, id := range b.pool.drain() {
+		b.destroy(id)
+	}
+	b.bg.Wait()
+	if b.o.closeCli != nil {
+		b.o.closeCli()
+	}
+	return nil
+}

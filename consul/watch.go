@@ -1,0 +1,145 @@
+package consul
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/distlock/lock/backend"
+)
+
+// waitTime bounds one blocking query; the watch then asks again.
+const waitTime = 5 * time.Minute
+
+// retryDelay is the pause after a failed blocking query.
+const retryDelay = 100 * time.Millisecond
+
+// watch is a backend.Watch over blocking queries on one entry.
+type watch struct {
+	ch     chan struct{}
+	cancel context.CancelFunc
+}
+
+func (w *watch) C() <-chan struct{} { return w.ch }
+
+// Close implements backend.Watch. Every waiter is woken by a release, so
+// there is no wake-up to pass on.
+func (w *watch) Close(bool) error {
+	w.cancel()
+	return nil
+}
+
+// Watch implements backend.Notifier: a blocking query on the key's entry
+// wakes the watcher whenever the entry is free (deleted or unlocked). ctx
+// bounds the first read only.
+func (b *Backend) Watch(ctx context.Context, key string) (backend.Watch, error) {
+	if b.closed.Load() {
+		return nil, backend.ErrClosed
+	}
+	name := b.entry(key)
+	_, meta, err := b.cli.KV().Get(name, (&api.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return nil, fmt.Errorf("consul: watch %q: %w", key, err)
+	}
+	wctx, cancel := context.WithCancel(b.ctx)
+	w := &watch{ch: make(chan struct{}, 1), cancel: cancel}
+	index := meta.LastIndex
+	b.bg.Go(func() {
+		for {
+			kv, meta, err := b.cli.KV().Get(name, (&api.QueryOptions{WaitIndex: index, WaitTime: waitTime}).WithContext(wctx))
+			if wctx.Err() != nil {
+				return
+			}
+			if err != nil {
+				if sleep(wctx, retryDelay) != nil {
+					return
+				}
+				continue
+			}
+			switch {
+			case meta.LastIndex == index:
+				continue // the wait timed out
+			case meta.LastIndex < index:
+				index = 0 // the servers' index went back (a restore): start over
+			default:
+				index = meta.LastIndex
+			}
+			if kv == nil || kv.Session == "" {
+				b.sawFree(name)
+				select {
+				case w.ch <- struct{}{}:
+				default:
+				}
+			}
+		}
+	})
+	return w, nil
+}
+
+// sawFree notes that name was seen free now: a lock-delay that an
+// invalidated session set on it ends at the latest a lock-delay later.
+func (b *Backend) sawFree(name string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.delays) > 4096 {
+		clear(b.delays) // only a hint: bounded memory first
+	}
+	b.delays[name] = time.Now().Add(b.o.lockDelay)
+}
+
+// NotifyLoss implements backend.LossNotifier: a blocking query on the
+// entry from the index of the grant (so that no read from before it
+// counts) calls lost when the entry is deleted or locked by another
+// session: released from outside, or its session destroyed or expired.
+func (b *Backend) NotifyLoss(key, token string, fence uint64, lost func(error)) (stop func()) {
+	b.mu.Lock()
+	o := b.owned[token]
+	b.mu.Unlock()
+	if o == nil || b.closed.Load() {
+		return func() {}
+	}
+	name, sess := o.key, o.session
+	wctx, cancel := context.WithCancel(b.ctx)
+	b.bg.Go(func() {
+		index := fence
+		for {
+			kv, meta, err := b.cli.KV().Get(name, (&api.QueryOptions{WaitIndex: index, WaitTime: waitTime}).WithContext(wctx))
+			if wctx.Err() != nil {
+				return
+			}
+			if err != nil || meta.LastIndex <= fence {
+				// No answer, or one from a state without the grant.
+				if err != nil && sleep(wctx, retryDelay) != nil {
+					return
+				}
+				continue
+			}
+			index = meta.LastIndex
+			switch {
+			case kv == nil:
+				b.sawFree(name)
+				lost(errors.New("consul: the lock's entry was deleted (released from outside, or its session destroyed or expired)"))
+				return
+			case kv.Session != sess:
+				lost(fmt.Errorf("consul: the lock's entry is no longer held by its session %s", sess))
+				return
+			}
+		}
+	})
+	return cancel
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

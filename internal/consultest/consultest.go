@@ -1,0 +1,162 @@
+// Package consultest runs real Consul agents for tests: a single server
+// with a data dir on free loopback ports, with the minimum session TTL
+// lowered to 1s so that expiry tests stay short.
+package consultest
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/distlock/lock/conformance/serverproc"
+)
+
+// MinTTL is the agents' session_ttl_min.
+const MinTTL = time.Second
+
+var (
+	binOnce sync.Once
+	binPath string
+	binErr  error
+)
+
+// Binary returns the path of the consul binary: $LOCK_CONSUL_BIN, or the
+// one scripts/build-consul builds (once; it caches it outside the repo).
+func Binary(t testing.TB) string {
+	t.Helper()
+	binOnce.Do(func() {
+		if p := os.Getenv("LOCK_CONSUL_BIN"); p != "" {
+			binPath = p
+			return
+		}
+		root, err := moduleRoot()
+		if err != nil {
+			binErr = err
+			return
+		}
+		out, err := exec.Command(filepath.Join(root, "scripts", "build-consul")).Output()
+		if err != nil {
+			var stderr string
+			if ee, ok := err.(*exec.ExitError); ok {
+				stderr = string(ee.Stderr)
+			}
+			binErr = fmt.Errorf("scripts/build-consul: %v\n%s", err, stderr)
+			return
+		}
+		binPath = strings.TrimSpace(string(out))
+	})
+	if binErr != nil {
+		t.Fatalf("consultest: no consul binary: %v", binErr)
+	}
+	return binPath
+}
+
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("no go.mod above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// Agent is a Consul server agent started by Start.
+type Agent struct {
+	*serverproc.Process
+	data string
+}
+
+// Start starts a single-server agent that keeps its state in a data dir,
+// and waits until it has elected itself leader.
+func Start(t testing.TB) *Agent {
+	t.Helper()
+	bin := Binary(t)
+	dir := t.TempDir()
+	data := filepath.Join(dir, "data")
+	if err := os.Mkdir(data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ports := freePorts(t, 3)
+	argv := []string{bin, "agent", "-server", "-bootstrap-expect=1",
+		"-node=lock-test", "-data-dir=" + data,
+		"-bind=127.0.0.1", "-advertise=127.0.0.1", "-client=127.0.0.1",
+		"-http-port=" + serverproc.PortPlaceholder, "-dns-port=-1", "-grpc-port=-1",
+		"-serf-lan-port=" + strconv.Itoa(ports[0]), "-serf-wan-port=" + strconv.Itoa(ports[1]),
+		"-server-port=" + strconv.Itoa(ports[2]),
+		"-log-level=error",
+		"-hcl", `session_ttl_min = "1s"`,
+		"-hcl", `disable_update_check = true`,
+		"-hcl", `performance { raft_multiplier = 1 }`,
+	}
+	p := serverproc.Start(t, argv, serverproc.Options{Dir: dir, Ready: hasLeader, ReadyTimeout: time.Minute})
+	return &Agent{Process: p, data: data}
+}
+
+// Restart kills the agent (kill -9) and starts it again, with its data or
+// without, and waits for a leader.
+func (a *Agent) Restart(keepData bool) {
+	a.Kill()
+	if !keepData {
+		os.RemoveAll(a.data)
+		os.Mkdir(a.data, 0o755)
+	}
+	a.Process.Restart()
+}
+
+// hasLeader reports whether the agent on addr has a leader and has
+// registered its node (sessions need it).
+func hasLeader(addr string) bool {
+	leader := get(addr, "/v1/status/leader")
+	node := get(addr, "/v1/catalog/node/lock-test")
+	return strings.Trim(leader, `"`) != "" && node != "" && node != "null"
+}
+
+// get returns the body of a 200 answer to GET path, or "".
+func get(addr, path string) string {
+	c := http.Client{Timeout: time.Second}
+	resp, err := c.Get("http://" + addr + path)
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+func freePorts(t testing.TB, n int) []int {
+	t.Helper()
+	var out []int
+	var lns []net.Listener
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns = append(lns, ln)
+		out = append(out, ln.Addr().(*net.TCPAddr).Port)
+	}
+	for _, ln := range lns {
+		ln.Close()
+	}
+	return out
+}
