@@ -45,7 +45,12 @@
 //	lock-delay       | after a session holding a lock is invalidated (it
 //	                 | expired, or was destroyed from outside), Consul
 //	                 | refuses the key for the lock-delay (default 1s, see
-//	                 | WithLockDelay); releases do not invoke it
+//	                 | WithLockDelay); releases do not invoke it. The
+//	                 | leader checks it before the Raft write, so a lock
+//	                 | request already on its way when the session is
+//	                 | invalidated can still land: a lock-delay narrows
+//	                 | the window of a destroyed session, it does not
+//	                 | close it (fences do)
 //	server restart   | with a data dir, locks and fences survive; sessions'
 //	                 | timers restart
 //	leader failover  | locks survive (Raft); a session may live up to one
