@@ -268,10 +268,22 @@ func (b *Backend) attempt(ctx context.Context, key, token string, ttl time.Durat
 		// The session was renewed before this call: renew it again, in
 		// the same round trip, so that it lives ttl from now at least.
 		wg.Go(func() {
-			if ok, err := b.renewSession(ctx, sess); err != nil {
+			// A renewal that fails in transit is sent again: any renewal
+			// sent after this call began will do.
+			for range 3 {
+				ok, err := b.renewSession(ctx, sess)
+				switch {
+				case err == nil && ok:
+					renewErr = nil
+					return
+				case err == nil:
+					renewErr = errSessionGone
+					return
+				}
 				renewErr = err
-			} else if !ok {
-				renewErr = errSessionGone
+				if ctx.Err() != nil {
+					return
+				}
 			}
 		})
 	}
