@@ -356,7 +356,12 @@ func main() {
 	hotDur := flag.Duration("hot", 3*time.Second, "length of one hot-key measurement")
 	only := flag.String("only", "", "comma-separated scenarios to run: one,own,hot (default all)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	store := flag.String("store", "redis", "the store to measure: redis (this library beside redislock, redsync and the floors) or consul (beside api.Lock)")
 	flag.Parse()
+	if *store == "consul" {
+		runConsul(*rounds, *dur, *hotDur)
+		return
+	}
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/consul/api"
@@ -102,17 +103,20 @@ func (b *Backend) NotifyLoss(key, token string, fence uint64, lost func(error)) 
 		return func() {}
 	}
 	name, sess := o.key, o.session
-	wctx, cancel := context.WithCancel(b.ctx)
+	// stop does not cancel the query in flight: that would close its
+	// connection (HTTP/1.1), one per lease. A release changes the entry,
+	// which ends the query at once; Close cancels the rest.
+	var stopped atomic.Bool
 	b.bg.Go(func() {
 		index := fence
-		for {
-			kv, meta, err := b.cli.KV().Get(name, (&api.QueryOptions{WaitIndex: index, WaitTime: waitTime}).WithContext(wctx))
-			if wctx.Err() != nil {
+		for !stopped.Load() {
+			kv, meta, err := b.cli.KV().Get(name, (&api.QueryOptions{WaitIndex: index, WaitTime: waitTime}).WithContext(b.ctx))
+			if b.ctx.Err() != nil || stopped.Load() {
 				return
 			}
 			if err != nil || meta.LastIndex <= fence {
 				// No answer, or one from a state without the grant.
-				if err != nil && sleep(wctx, retryDelay) != nil {
+				if err != nil && sleep(b.ctx, retryDelay) != nil {
 					return
 				}
 				continue
@@ -129,7 +133,7 @@ func (b *Backend) NotifyLoss(key, token string, fence uint64, lost func(error)) 
 			}
 		}
 	})
-	return cancel
+	return func() { stopped.Store(true) }
 }
 
 // sleep waits d or until ctx ends.

@@ -1,0 +1,317 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/distlock/lock"
+	lockconsul "github.com/distlock/lock/consul"
+)
+
+// The Consul table: this library's consul backend beside api.Lock, the
+// Consul client's own lock, on one agent this program starts (a server with
+// a data dir: Raft writes are fsynced), in one run.
+//
+//	cd bench && go run . -store consul
+//
+// Scenarios: one goroutine acquiring and releasing one key; the hot key
+// (16 goroutines, 1ms sections) with one shared client, and with 16
+// separate clients (each its own lock.Client or api.Client, as separate
+// processes would be). Requests per section are the HTTP requests the
+// clients sent (counted by their transports) per section.
+
+// consulPeer makes lockers over Consul clients: one per call of new.
+type consulPeer struct {
+	name string
+	new  func(cli *api.Client) locker
+}
+
+var consulPeers = []consulPeer{
+	{"lock", newConsulLock},
+	{"api.Lock, session per goroutine", newAPILockShared},
+	{"api.Lock, session per lock", newAPILockOwn},
+}
+
+const consulTTL = 10 * time.Second
+
+func newConsulLock(cli *api.Client) locker {
+	b, err := lockconsul.New(cli)
+	if err != nil {
+		fatal(err)
+	}
+	c, err := lock.New(b, lock.WithTTL(consulTTL))
+	if err != nil {
+		fatal(err)
+	}
+	return lockPeer{c}
+}
+
+// apiLockPeer runs api.Lock; with sessions, each lock uses a session
+// from a free list (one per goroutine at a time), else api.Lock creates
+// and destroys a session per lock.
+type apiLockPeer struct {
+	cli      *api.Client
+	shared   bool
+	mu       sync.Mutex
+	sessions []string
+}
+
+func newAPILockShared(cli *api.Client) locker { return &apiLockPeer{cli: cli, shared: true} }
+func newAPILockOwn(cli *api.Client) locker    { return &apiLockPeer{cli: cli} }
+
+func (p *apiLockPeer) session() (string, error) {
+	p.mu.Lock()
+	if n := len(p.sessions); n > 0 {
+		s := p.sessions[n-1]
+		p.sessions = p.sessions[:n-1]
+		p.mu.Unlock()
+		return s, nil
+	}
+	p.mu.Unlock()
+	s, _, err := p.cli.Session().CreateNoChecks(&api.SessionEntry{TTL: consulTTL.String(), Behavior: api.SessionBehaviorRelease}, nil)
+	return s, err
+}
+
+func (p *apiLockPeer) lock(ctx context.Context, key string, once bool) (func(context.Context) error, error) {
+	opts := &api.LockOptions{Key: key, LockTryOnce: once, SessionTTL: consulTTL.String()}
+	var sess string
+	if p.shared {
+		s, err := p.session()
+		if err != nil {
+			return nil, err
+		}
+		sess, opts.Session = s, s
+	}
+	l, err := p.cli.LockOpts(opts)
+	if err != nil {
+		return nil, err
+	}
+	stop := make(chan struct{})
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-stop:
+		}
+	}()
+	defer close(stop)
+	lost, err := l.Lock(ctx.Done())
+	if err == nil && lost == nil {
+		err = fmt.Errorf("api.Lock: %s not acquired", key)
+	}
+	if err != nil {
+		p.put(sess)
+		return nil, err
+	}
+	return func(context.Context) error {
+		err := l.Unlock()
+		p.put(sess)
+		return err
+	}, nil
+}
+
+func (p *apiLockPeer) put(sess string) {
+	if sess == "" {
+		return
+	}
+	p.mu.Lock()
+	p.sessions = append(p.sessions, sess)
+	p.mu.Unlock()
+}
+
+func (p *apiLockPeer) try(ctx context.Context, key string) (func(context.Context) error, error) {
+	return p.lock(ctx, key, true)
+}
+
+func (p *apiLockPeer) wait(ctx context.Context, key string) (func(context.Context) error, error) {
+	return p.lock(ctx, key, false)
+}
+
+// countingTransport counts the HTTP requests a client sends.
+type countingTransport struct {
+	n    *atomic.Int64
+	next http.RoundTripper
+}
+
+func (c countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.n.Add(1)
+	return c.next.RoundTrip(r)
+}
+
+// consulClient returns a client of addr with its own transport, counting
+// its requests in n.
+func consulClient(addr string, n *atomic.Int64) *api.Client {
+	cfg := api.DefaultConfig()
+	cfg.Address = addr
+	cfg.HttpClient = &http.Client{Transport: countingTransport{n: n, next: cfg.Transport}}
+	cli, err := api.NewClient(cfg)
+	if err != nil {
+		fatal(err)
+	}
+	return cli
+}
+
+// hotSeparate is hot with a locker per goroutine.
+func hotSeparate(lockers []locker, n *atomic.Int64, d time.Duration) (float64, float64) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	key := fmt.Sprintf("bench/hot/%d", run.Add(1))
+	var sections atomic.Int64
+	before := n.Load()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for _, l := range lockers {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				unlock, err := l.wait(ctx, key)
+				if err != nil {
+					return // the run ended while waiting
+				}
+				hold()
+				sections.Add(1)
+				unlock(context.Background())
+			}
+		})
+	}
+	wg.Wait()
+	s := sections.Load()
+	return 100 * float64(s) * float64(time.Millisecond) / float64(time.Since(start)), float64(n.Load()-before) / float64(max(s, 1))
+}
+
+func fatal(err error) {
+	fmt.Fprintln(os.Stderr, "bench:", err)
+	os.Exit(1)
+}
+
+// startConsul starts a single-server agent with a data dir on free ports
+// and returns its HTTP address and a function that stops it.
+func startConsul() (string, func()) {
+	bin := os.Getenv("LOCK_CONSUL_BIN")
+	if bin == "" {
+		out, err := exec.Command("../scripts/build-consul").Output()
+		if err != nil {
+			fatal(fmt.Errorf("scripts/build-consul: %v", err))
+		}
+		bin = strings.TrimSpace(string(out))
+	}
+	dir, err := os.MkdirTemp("", "lockbench-consul")
+	if err != nil {
+		fatal(err)
+	}
+	var ports []string
+	var lns []net.Listener
+	for range 4 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			fatal(err)
+		}
+		lns = append(lns, ln)
+		ports = append(ports, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
+	}
+	for _, ln := range lns {
+		ln.Close()
+	}
+	cmd := exec.Command(bin, "agent", "-server", "-bootstrap-expect=1", "-node=bench",
+		"-data-dir="+filepath.Join(dir, "data"), "-bind=127.0.0.1", "-advertise=127.0.0.1", "-client=127.0.0.1",
+		"-http-port="+ports[0], "-dns-port=-1", "-grpc-port=-1", "-serf-lan-port="+ports[1],
+		"-serf-wan-port="+ports[2], "-server-port="+ports[3], "-log-level=error",
+		"-hcl", `disable_update_check = true`, "-hcl", `performance { raft_multiplier = 1 }`)
+	if err := cmd.Start(); err != nil {
+		fatal(err)
+	}
+	addr := "127.0.0.1:" + ports[0]
+	stop := func() {
+		if cmd.Process != nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+		os.RemoveAll(dir)
+	}
+	return addr, stop
+}
+
+// runConsul prints the Consul table.
+func runConsul(rounds int, dur, hotDur time.Duration) {
+	addr, stop := startConsul()
+	defer stop()
+	waitConsul(addr)
+	fmt.Printf("consul agent %s (server, data dir), %d rounds, GOMAXPROCS %d\n\n", addr, rounds, runtimeProcs())
+	type state struct {
+		one, shared, sep    []float64
+		sharedReqs, sepReqs []float64
+		l                   locker
+		n                   *atomic.Int64
+		sepLockers          []locker
+		sepN                *atomic.Int64
+	}
+	states := make([]*state, len(consulPeers))
+	for i, p := range consulPeers {
+		st := &state{n: &atomic.Int64{}, sepN: &atomic.Int64{}}
+		st.l = p.new(consulClient(addr, st.n))
+		for range 16 {
+			st.sepLockers = append(st.sepLockers, p.new(consulClient(addr, st.sepN)))
+		}
+		states[i] = st
+		cycles(st.l, 1, 200*time.Millisecond) // warm up
+	}
+	for r := 0; r < rounds; r++ {
+		for k := range consulPeers {
+			i := (k + r) % len(consulPeers)
+			st := states[i]
+			st.one = append(st.one, cycles(st.l, 1, dur))
+			u, _, _ := hot(st.l, &counter{}, hotDur)
+			st.shared = append(st.shared, u)
+			u2, q2 := hotSeparate(st.sepLockers, st.sepN, hotDur)
+			st.sep, st.sepReqs = append(st.sep, u2), append(st.sepReqs, q2)
+			fmt.Fprintf(os.Stderr, "round %d/%d: %s done\n", r+1, rounds, consulPeers[i].name)
+		}
+	}
+	fmt.Println("| peer | one goroutine, cycles/s | hot key, one client: utilisation | hot key, 16 clients: utilisation | 16 clients: requests per section |")
+	fmt.Println("|---|---|---|---|---|")
+	med := make([][4]float64, len(consulPeers))
+	for i, p := range consulPeers {
+		st := states[i]
+		med[i] = [4]float64{median(st.one), median(st.shared), median(st.sep), median(st.sepReqs)}
+		fmt.Printf("| %s | %.0f | %.1f%% | %.1f%% | %.1f |\n", p.name, med[i][0], med[i][1], med[i][2], med[i][3])
+	}
+	fmt.Println()
+	fmt.Printf("lock / api.Lock (session per goroutine), one goroutine: %.2fx (target 1.0x)\n", med[0][0]/med[1][0])
+	fmt.Printf("lock / api.Lock (session per lock), one goroutine: %.2fx (target 1.5x)\n", med[0][0]/med[2][0])
+	fmt.Printf("hot key utilisation, one client: lock / api.Lock %.2fx (target 3x)\n", med[0][1]/max(med[1][1], med[2][1]))
+	fmt.Printf("hot key utilisation, 16 clients: lock / api.Lock %.2fx (target 3x)\n", med[0][2]/max(med[1][2], med[2][2]))
+}
+
+// waitConsul waits until the agent has a leader and its node is registered.
+func waitConsul(addr string) {
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		if body(addr, "/v1/status/leader") != `""` && body(addr, "/v1/status/leader") != "" &&
+			body(addr, "/v1/catalog/node/bench") != "" && body(addr, "/v1/catalog/node/bench") != "null" {
+			return
+		}
+		time.Sleep(50 * time.Millisecond) // poll the starting agent
+	}
+	fatal(fmt.Errorf("consul agent on %s not ready within a minute", addr))
+}
+
+func body(addr, path string) string {
+	resp, err := http.Get("http://" + addr + path)
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return strings.TrimSpace(string(b))
+}
