@@ -8,8 +8,8 @@
 //	lockctl init-nodes --backend redlock://h1:6379,h2:6379,h3:6379  # once, new deployment
 //
 // The backend is a URL (--backend, or the LOCK_BACKEND environment variable);
-// every scheme of this module is registered: mem, redis, rediss, unix and
-// redlock.
+// every scheme of this module is registered: mem, redis, rediss, unix,
+// redlock, consul and consuls.
 //
 // Exit status: for run, the command's own status (128+N when signal N ended
 // it), 127 when the command is not found and 126 when it cannot be
@@ -35,6 +35,7 @@ import (
 	"strings"
 
 	"github.com/distlock/lock"
+	_ "github.com/distlock/lock/consul"
 	_ "github.com/distlock/lock/memory"
 	_ "github.com/distlock/lock/redis"
 )
