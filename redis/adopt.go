@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -80,8 +81,8 @@ return 1`)
 // nodes already ready, or waiting, are left alone.
 func (r *Redlock) InitNewNodes(ctx context.Context) (int, error) {
 	marked := 0
-	for i, n := range r.nodes {
-		ok, err := readyScript.Run(ctx, n, []string{r.nodeKey()}, "").Int64()
+	for i, n := range r.batch {
+		ok, err := n.run(ctx, readyScript, []string{r.nodeKey()}, "").Int64()
 		if err != nil {
 			return marked, storeErr(fmt.Sprintf("init node %d", i), err)
 		}
@@ -96,12 +97,18 @@ func (r *Redlock) adoptInBackground(i int, inc string) {
 	if r.closed.Load() || !r.adopting[i].CompareAndSwap(false, true) {
 		return
 	}
-	r.bg.Add(1)
+	if !r.track(1) {
+		r.adopting[i].Store(false)
+		return
+	}
 	go func() {
 		defer r.bg.Done()
 		defer r.adopting[i].Store(false)
 		ctx, cancel := context.WithTimeout(context.Background(), maxAdoptTime)
 		defer cancel()
+		if r.opts.ownClients {
+			ctx = markOwned(ctx)
+		}
 		_ = r.adopt(ctx, i, inc) // on failure the node stays out; a later acquire tries again
 	}()
 }
@@ -158,7 +165,11 @@ func (r *Redlock) adopt(ctx context.Context, i int, inc string) error {
 }
 
 // readCounters adds the fence counters of node n to highest, keeping the
-// highest value per key; it fails unless n is ready.
+// highest value per key; it fails unless n is ready. With slot counters
+// (WithSlotFenceCounters), a key's own counter, left by the default mode,
+// or its holder's fence record, counts for its slot's counter: the fences
+// that the adopting node must not fall behind are then all in the slot
+// counters.
 func (r *Redlock) readCounters(ctx context.Context, n Client, highest map[string]int64) error {
 	c, ok := n.(goredis.Cmdable)
 	if !ok {
@@ -167,9 +178,13 @@ func (r *Redlock) readCounters(ctx context.Context, n Client, highest map[string
 	if st, err := c.Get(ctx, r.nodeKey()).Result(); err != nil || st != "ready" {
 		return fmt.Errorf("node not ready (%q, %v)", st, err)
 	}
+	pattern := r.opts.prefix + "*:fence"
+	if r.opts.slotFences {
+		pattern = r.opts.prefix + "*fence" // both kinds
+	}
 	var cursor uint64
 	for {
-		found, next, err := c.Scan(ctx, cursor, r.opts.prefix+"*:fence", 1000).Result()
+		found, next, err := c.Scan(ctx, cursor, pattern, 1000).Result()
 		if err != nil {
 			return err
 		}
@@ -179,9 +194,19 @@ func (r *Redlock) readCounters(ctx context.Context, n Client, highest map[string
 				return err
 			}
 			for k, v := range vals {
+				key := found[k]
+				switch {
+				case strings.HasSuffix(key, slotFenceSuffix):
+				case strings.HasSuffix(key, ":fence"):
+					if sk := r.opts.slotFenceKey(strings.TrimSuffix(key, ":fence")); sk != "" {
+						key = sk
+					}
+				default:
+					continue // not a counter
+				}
 				s, _ := v.(string)
-				if f, err := strconv.ParseInt(s, 10, 64); err == nil && f > highest[found[k]] {
-					highest[found[k]] = f
+				if f, err := strconv.ParseInt(s, 10, 64); err == nil && f > highest[key] {
+					highest[key] = f
 				}
 			}
 		}

@@ -45,6 +45,13 @@ const maxOnWire = 4
 type batcher struct {
 	rdb  Client
 	pipe pipeliner // nil: no pipelining
+	// deadlines is true when rdb ends a socket read or write at the
+	// call's context deadline (go-redis's ContextTimeoutEnabled).
+	deadlines bool
+	// owned is true when the backend created rdb (from a URL): its
+	// calls' contexts are marked so that go-redis's messages about them
+	// are dropped (see SetGoRedisLogger).
+	owned bool
 
 	mu     sync.Mutex
 	onWire int
@@ -61,26 +68,48 @@ type call struct {
 	done   chan struct{}
 }
 
-func newBatcher(rdb Client) *batcher {
-	b := &batcher{rdb: rdb}
+func newBatcher(rdb Client, owned bool) *batcher {
+	b := &batcher{rdb: rdb, deadlines: honoursDeadlines(rdb), owned: owned}
 	if p, ok := rdb.(pipeliner); ok {
 		b.pipe = p
 	}
 	return b
 }
 
-// run runs script with keys and args and returns its reply.
+// honoursDeadlines reports whether rdb ends its socket reads and writes at a
+// call's context deadline: a go-redis client created with
+// ContextTimeoutEnabled. Without it, go-redis waits for its own read and
+// write timeouts (3s by default, then perhaps retries) whatever the
+// context says. Clients it does not know count as not honouring them.
+func honoursDeadlines(rdb Client) bool {
+	switch c := rdb.(type) {
+	case withOptions[goredis.Options]:
+		return c.Options().ContextTimeoutEnabled
+	case withOptions[goredis.ClusterOptions]:
+		return c.Options().ContextTimeoutEnabled
+	case withOptions[goredis.RingOptions]:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return false
+}
+
+// withOptions is a go-redis client kind, by its options.
+type withOptions[T any] interface{ Options() *T }
+
+// run runs script with keys and args and returns its reply. It returns
+// when ctx ends, however rdb was built (see direct).
 func (b *batcher) run(ctx context.Context, script *goredis.Script, keys []string, args ...any) *goredis.Cmd {
+	if b.owned {
+		ctx = markOwned(ctx)
+	}
 	if b.pipe == nil {
-		return script.Run(ctx, b.rdb, keys, args...)
+		return b.direct(ctx, script, keys, args, nil)
 	}
 	b.mu.Lock()
 	if b.onWire < maxOnWire && len(b.queue) == 0 {
 		b.onWire++
 		b.mu.Unlock()
-		cmd := script.Run(ctx, b.rdb, keys, args...)
-		b.returned()
-		return cmd
+		return b.direct(ctx, script, keys, args, b.returned)
 	}
 	c := &call{ctx: ctx, script: script, keys: keys, args: args, done: make(chan struct{})}
 	b.queue = append(b.queue, c)
@@ -88,6 +117,46 @@ func (b *batcher) run(ctx context.Context, script *goredis.Script, keys []string
 	select {
 	case <-c.done:
 		return c.cmd
+	case <-ctx.Done():
+		cmd := goredis.NewCmd(ctx)
+		cmd.SetErr(ctx.Err())
+		return cmd
+	}
+}
+
+// direct runs script on the caller's goroutine, and then done (if not nil),
+// when that is enough for the call to end with ctx: ctx never ends, or it
+// has a deadline and the client ends its socket I/O there. Otherwise (a
+// client built without ContextTimeoutEnabled, or a context without a
+// deadline that can be cancelled) the request runs on a goroutine of its
+// own, and direct returns ctx's error when ctx ends first: the request
+// then goes on until go-redis gives up on it (its read timeout), and its
+// outcome is unknown, as for a request cut short on the wire (see
+// batcher: package lock undoes an acquire of unknown outcome). The price,
+// a goroutine per call, is paid only there. One case is left to the
+// client: a context with a deadline that is cancelled before it, on a
+// client with ContextTimeoutEnabled, ends the call at the earlier of the
+// deadline and go-redis's read timeout.
+func (b *batcher) direct(ctx context.Context, script *goredis.Script, keys []string, args []any, done func()) *goredis.Cmd {
+	_, hasDeadline := ctx.Deadline()
+	if ctx.Done() == nil || (b.deadlines && hasDeadline) {
+		cmd := script.Run(ctx, b.rdb, keys, args...)
+		if done != nil {
+			done()
+		}
+		return cmd
+	}
+	reply := make(chan *goredis.Cmd, 1)
+	go func() {
+		cmd := script.Run(ctx, b.rdb, keys, args...)
+		if done != nil {
+			done()
+		}
+		reply <- cmd
+	}()
+	select {
+	case cmd := <-reply:
+		return cmd
 	case <-ctx.Done():
 		cmd := goredis.NewCmd(ctx)
 		cmd.SetErr(ctx.Err())

@@ -104,13 +104,14 @@ var (
 // singleHarness is one redis-server.
 type singleHarness struct {
 	proxied
-	srv     *redistest.Server
-	durable bool
+	srv        *redistest.Server
+	durable    bool
+	slotFences bool
 }
 
 func (h *singleHarness) NewBackend(context.Context) (backend.Backend, error) {
 	rdbs, proxies := h.clientsOf([]string{h.srv.Addr})
-	b := &ownsClients{redis.New(rdbs[0], redis.WithDurableFence(h.durable)), rdbs, proxies}
+	b := &ownsClients{redis.New(rdbs[0], redis.WithDurableFence(h.durable), redis.WithSlotFenceCounters(h.slotFences)), rdbs, proxies}
 	h.remember(b, proxies)
 	return b, nil
 }
@@ -163,6 +164,13 @@ var (
 func TestConformanceSingleNode(t *testing.T) {
 	conformance.Run(t, func(t *testing.T) conformance.Harness {
 		return &singleHarness{proxied: proxied{t: t}, srv: redistest.Start(t, redistest.AOFAlways), durable: true}
+	}, conformance.RequireHooks())
+}
+
+// The same with fences from slot counters (WithSlotFenceCounters).
+func TestConformanceSingleNodeSlotFences(t *testing.T) {
+	conformance.Run(t, func(t *testing.T) conformance.Harness {
+		return &singleHarness{proxied: proxied{t: t}, srv: redistest.Start(t, redistest.AOFAlways), durable: true, slotFences: true}
 	}, conformance.RequireHooks())
 }
 

@@ -37,6 +37,7 @@ var errNoConfirmation = errors.New("redis: no node confirmed the subscription to
 // passes the wake-up on.
 type notifier struct {
 	nodes []*pubsubNode
+	owned bool // the clients are the backend's own (see markOwned)
 
 	mu       sync.Mutex
 	channels map[string]*channelState
@@ -60,8 +61,8 @@ type channelState struct {
 	idle      *time.Timer // pending unsubscribe
 }
 
-func newNotifier(subs ...Subscriber) *notifier {
-	n := &notifier{channels: map[string]*channelState{}, leaving: map[string]chan struct{}{}}
+func newNotifier(owned bool, subs ...Subscriber) *notifier {
+	n := &notifier{owned: owned, channels: map[string]*channelState{}, leaving: map[string]chan struct{}{}}
 	for _, s := range subs {
 		n.nodes = append(n.nodes, &pubsubNode{sub: s})
 	}
@@ -72,6 +73,9 @@ func newNotifier(subs ...Subscriber) *notifier {
 // confirmed the subscription, so that no release after watch returns is
 // missed on that node.
 func (n *notifier) watch(ctx context.Context, channel string) (backend.Watch, error) {
+	if n.owned {
+		ctx = markOwned(ctx)
+	}
 	n.mu.Lock()
 	for {
 		// An UNSUBSCRIBE still on its way would cancel a new SUBSCRIBE
@@ -260,6 +264,9 @@ func (n *notifier) unsubscribe(channel string, st *channelState) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), confirmTimeout)
 	defer cancel()
+	if n.owned {
+		ctx = markOwned(ctx)
+	}
 	var wg sync.WaitGroup
 	for _, ps := range subs {
 		wg.Go(func() { _ = ps.Unsubscribe(ctx, channel) })

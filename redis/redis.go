@@ -4,7 +4,7 @@
 // NewRedlock. Application code should use package lock; this package provides
 // the store.
 //
-//	rdb := goredis.NewClient(&goredis.Options{Addr: "localhost:6379"})
+//	rdb := goredis.NewClient(&goredis.Options{Addr: "localhost:6379", ContextTimeoutEnabled: true})
 //	locks, err := lock.New(redis.New(rdb))
 //
 // # How it works
@@ -55,15 +55,95 @@
 // expires locks early. Without persistence, a restarted server forgets every
 // lock at once: delay restarts by the longest TTL in use.
 //
+// # Keys and their footprint
+//
+// Per lock key, the backend writes the lock "PREFIX{KEY}" (with the
+// lease's expiry), "PREFIX{KEY}:next" while a handover reserved a fence
+// (expires with the lock), "PREFIX{KEY}:dead:TOKEN" per release (a
+// tombstone of about 100 bytes that lives 15 seconds), and the fence
+// counter "PREFIX{KEY}:fence", which has no expiry: a fence must be greater
+// than every fence granted before for the key, also after the lock itself
+// has expired and been forgotten. That is one Redis key per distinct lock
+// key, forever (Redis 7's MEMORY USAGE: 88 bytes for
+// "lock:{job:nightly-report}:fence", 56 for "lock:{x}:fence": about 40
+// plus the name, in allocator size classes). An
+// application that locks a bounded set of keys (jobs, accounts) pays that
+// once; one that locks unbounded key names (request ids) grows Redis's
+// memory without bound.
+//
+// WithSlotFenceCounters (URL parameter slotfences=true) bounds it: fences
+// then come from one counter per Redis Cluster hash slot,
+// "PREFIX{T}:slotfence" with T a short tag in the lock key's slot (so that
+// a script's keys stay in one slot on Redis Cluster): at most 16,384
+// counter keys per prefix, whatever the number of lock keys (72 bytes
+// each, 1.2 MB at most),
+// and "PREFIX{KEY}:fence" only records the holder's fence, expiring with
+// the lock. Fences stay strictly increasing per key because every grant of
+// a key takes its fence from its slot's counter, which only grows (other
+// keys of the slot make it skip values). It assumes what the default mode
+// assumes, that the counters survive (appendfsync always, and a maxmemory
+// policy that never evicts keys without expiry), and also that every client
+// of a prefix uses the same mode. Switching a deployment on is safe: the
+// first grant of a key reads the key's own counter, if the default mode
+// left one, and raises the slot's counter above it. Switching back is not.
+// A prefix with a '{' that no '}' closes cannot share counters; its keys
+// keep one each.
+//
+// # Contexts and failures
+//
+// Every call returns when its context ends, however the go-redis client was
+// built. A client with ContextTimeoutEnabled ends its socket reads at the
+// context's deadline on its own; for a client without it (go-redis's
+// default), and for a context without a deadline that can be cancelled,
+// the request runs on a goroutine of its own and the call returns when the
+// context ends (the request goes on until go-redis's read timeout; its
+// outcome is unknown, which package lock undoes). Build clients with
+// ContextTimeoutEnabled: calls under a deadline then cost no goroutine.
+//
+// Clients opened from a URL have ContextTimeoutEnabled, dial once per
+// attempt instead of go-redis's five (an unreachable server is reported
+// in about 0.1s instead of 1.6s), and end a TLS handshake with the
+// context.
+//
+// # Logging
+//
+// go-redis has one logger for the whole process, which writes to stderr
+// by default: several lines per call while a server is unreachable.
+// Backends opened from a URL keep it quiet: the first lock.Open of a
+// Redis URL installs, once per process, a go-redis logger that drops the
+// messages about the clients this package created and prints the others
+// to stderr as go-redis does (replacing a logger set with goredis.SetLogger
+// before it: set yours after, or use SetGoRedisLogger). SetGoRedisLogger
+// routes all of go-redis's messages, from every client in the process, to
+// a log/slog logger, or drops them. Backends over your own clients (New,
+// NewRedlock) change nothing until you call it.
+//
 // # URLs
 //
 // redis://[user:password@]host:port[/db], rediss:// (TLS) and
 // unix://[user:password@]/path/to/socket?db=N, in go-redis's own format and
-// with its options, plus these parameters: prefix (key prefix, default
-// "lock:") and durablefence (true when the server runs with appendfsync
-// always). redlock://host1:port,host2:port,host3:port builds a Redlock over
-// those nodes, with parameters prefix, durablefence, password, username,
-// db and nodetimeout.
+// with its options, plus these parameters on every scheme: prefix (key
+// prefix, default "lock:"), durablefence (true when the server runs with
+// appendfsync always) and slotfences (WithSlotFenceCounters).
+//
+// redis+cluster://[user:password@]host1:port,host2:port,... (rediss+cluster
+// with TLS) opens a Redis Cluster from any of its nodes, with go-redis's
+// cluster options (ParseClusterURL: addr, max_redirects, read_timeout,
+// ...). Its lock, counter and tombstone keys share the lock key's hash slot,
+// so no script crosses slots.
+//
+// redis+sentinel://[user:password@]sentinel1:26379,...[/db]?master_name=NAME
+// (rediss+sentinel with TLS) opens the master that Redis Sentinel names,
+// with go-redis's failover options (ParseFailoverURL), except those that
+// send commands to replicas; the URL's user and password are the
+// Sentinels', the parameters username and password the master's. A
+// failover can lose locks (replication is asynchronous; see the table).
+//
+// redlock://host1:port,host2:port,host3:port builds a Redlock over those
+// nodes, with parameters prefix, durablefence, slotfences, password,
+// username, db, nodetimeout, maxttl and allowfewnodes. Opening it fails
+// (ErrInvalid) when two nodes are the same server once host names are
+// resolved, and when it names fewer than 3 nodes unless allowfewnodes=true.
 package redis
 
 import (
@@ -106,7 +186,9 @@ type options struct {
 	durableFence bool
 	nodeTimeout  time.Duration
 	maxTTL       time.Duration
-	closeClients bool
+	ownClients   bool
+	fewNodes     bool
+	slotFences   bool
 }
 
 func defaultOptions() options { return options{prefix: DefaultPrefix, maxTTL: DefaultMaxTTL} }
@@ -136,9 +218,30 @@ func WithDurableFence(on bool) Option { return func(o *options) { o.durableFence
 // caller's context bounds the request.
 func WithNodeTimeout(d time.Duration) Option { return func(o *options) { o.nodeTimeout = d } }
 
-// withCloseClients makes Close close the go-redis clients: for backends
-// opened from a URL, which own their clients.
-func withCloseClients() Option { return func(o *options) { o.closeClients = true } }
+// WithSlotFenceCounters makes fences come from one counter per Redis
+// Cluster hash slot instead of one per lock key: at most 16,384 counter
+// keys per prefix, however many lock keys an application uses, with fences
+// still strictly increasing per key (they skip values). Every client of a
+// prefix must use the same setting; switching a deployment on is safe,
+// switching it off is not. See "Fence counters and their footprint" in the
+// package doc. The URL parameter slotfences=true sets it.
+func WithSlotFenceCounters(on bool) Option { return func(o *options) { o.slotFences = on } }
+
+// MinNodes is the fewest nodes NewRedlock accepts without
+// WithAllowFewNodes: three nodes are the fewest with which a Redlock
+// survives the loss of one.
+const MinNodes = 3
+
+// WithAllowFewNodes lets NewRedlock build a Redlock over 1 or 2 nodes. Such
+// a Redlock is as safe as one over more nodes, but no node may fail: with 2
+// nodes both must answer, so it is less available than one server. The URL
+// parameter allowfewnodes=true sets it. Ignored by the single-node backend.
+func WithAllowFewNodes(on bool) Option { return func(o *options) { o.fewNodes = on } }
+
+// withOwnClients is for backends opened from a URL, which own their
+// go-redis clients: Close closes them, and go-redis's messages about them
+// are dropped (see SetGoRedisLogger).
+func withOwnClients() Option { return func(o *options) { o.ownClients = true } }
 
 // Backend is the single-deployment Redis backend. It implements
 // backend.Backend, backend.Notifier, backend.Describer and backend.Inspector.
@@ -167,7 +270,7 @@ func New(rdb Client, opts ...Option) *Backend {
 			f(&o)
 		}
 	}
-	return &Backend{rdb: rdb, batch: newBatcher(rdb), opts: o, notify: newNotifier(rdb)}
+	return &Backend{rdb: rdb, batch: newBatcher(rdb, o.ownClients), opts: o, notify: newNotifier(o.ownClients, rdb)}
 }
 
 // keys returns the Redis keys of a lock: the lock key and its fence
@@ -182,6 +285,25 @@ func keys(prefix, key string) (lockKey, fenceKey string) {
 	}
 	fenceKey = prefix + "{" + tag + "}:fence"
 	return fenceKey[:len(fenceKey)-len(":fence")], fenceKey
+}
+
+// slotFenceKey returns the fence counter of lockKey's slot with
+// WithSlotFenceCounters (see fence.go), or "" for a counter per key.
+func (o *options) slotFenceKey(lockKey string) string {
+	if !o.slotFences {
+		return ""
+	}
+	return slotFenceKey(o.prefix, lockKey)
+}
+
+// renewKeys returns the keys of renewScript for key: the lock and the keys
+// that expire with it.
+func (o *options) renewKeys(key string) []string {
+	lk, fk := keys(o.prefix, key)
+	if o.slotFenceKey(lk) != "" {
+		return []string{lk, nextKeyOf(lk), fk}
+	}
+	return []string{lk, nextKeyOf(lk)}
 }
 
 // nextKeyOf returns the key that records the fence reserved for the next
@@ -235,24 +357,45 @@ func ms(ttl time.Duration) int64 {
 // TTL.
 var (
 	// acquireScript: KEYS = lock, fence, dead token, next (see
-	// transferScript); ARGV = token, ttl ms. Returns the fence (> 0) when
-	// it took the lock, or minus the holder's PTTL (<= 0) after marking
-	// the lock as waited for, or the error DEAD for a released token. A
-	// request that finds its own token (go-redis sent it again after a
-	// lost reply; the first one took the lock) returns the fence the first
-	// one got and sets the expiry to the TTL from now, as a new grant
-	// would: whoever counts a deadline from this request's send time stays
-	// within the store's expiry.
+	// transferScript)[, the slot's fence counter (see fence.go)]; ARGV =
+	// token, ttl ms. Returns the fence (> 0) when it took the lock, or
+	// minus the holder's PTTL (<= 0) after marking the lock as waited
+	// for, or the error DEAD for a released token. A request that finds
+	// its own token (go-redis sent it again after a lost reply; the first
+	// one took the lock) returns the fence the first one got and sets the
+	// expiry to the TTL from now, as a new grant would: whoever counts a
+	// deadline from this request's send time stays within the store's
+	// expiry.
+	//
+	// With the slot's counter, the fence is its INCR, raised above the
+	// key's own counter if one is left from the default mode; the key's
+	// fence key then records the holder's fence, with the lock's expiry.
+	// The next key, when there is one, expires with the lock in both
+	// modes.
 	acquireScript = goredis.NewScript(`
 if redis.call('EXISTS', KEYS[3]) == 1 then
   return redis.error_reply('DEAD token released before')
 end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if KEYS[5] then
+    local f = redis.call('INCR', KEYS[5])
+    local old = tonumber(redis.call('GET', KEYS[2]) or '0')
+    if old >= f then
+      f = old + 1
+      redis.call('SET', KEYS[5], f)
+    end
+    redis.call('SET', KEYS[2], f, 'PX', ARGV[2])
+    return f
+  end
   return redis.call('INCR', KEYS[2])
 end
 local v = redis.call('GET', KEYS[1])
 if v == ARGV[1] or v == ARGV[1] .. '+' then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('PEXPIRE', KEYS[4], ARGV[2])
+  if KEYS[5] then
+    redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  end
   local c = redis.call('GET', KEYS[2])
   if redis.call('GET', KEYS[4]) == c then
     return tonumber(c) - 1
@@ -266,12 +409,16 @@ local p = redis.call('PTTL', KEYS[1])
 if p < 0 then p = 0 end
 return -p`)
 
-	// renewScript: KEYS = lock; ARGV = token, ttl ms. Returns 1, or 0 when
-	// token does not hold the lock.
+	// renewScript: KEYS = lock, then the keys that expire with it (the
+	// next key; with slot counters, the fence key); ARGV = token, ttl ms.
+	// Returns 1, or 0 when token does not hold the lock.
 	renewScript = goredis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if v ~= ARGV[1] and v ~= ARGV[1] .. '+' then
   return 0
+end
+for i = 2, #KEYS do
+  redis.call('PEXPIRE', KEYS[i], ARGV[2])
 end
 return redis.call('PEXPIRE', KEYS[1], ARGV[2])`)
 
@@ -300,20 +447,23 @@ end
 redis.call('SET', KEYS[2], '0', 'PX', ARGV[2])
 return 0`)
 
-	// transferScript: KEYS = lock, fence, next, to's tombstone; ARGV =
-	// from token, to token, ttl ms, fence reserved for to (0: take a new
-	// one), reserve ('1': reserve a fence for the owner after to). Returns
-	// {-2}, changing nothing, when to is dead (released before: a transfer
-	// that arrives after the cleanup of its unknown outcome); {0} when from
-	// does not hold the lock; {-1} when a waiter marked it and no fence was
-	// reserved (the lock is then left alone); otherwise {to's fence, the
-	// reserved fence or 0}. A marked lock passed on with a reserved fence
-	// stays marked, and nothing is reserved on it.
+	// transferScript: KEYS = lock, fence, next, to's tombstone[, the
+	// slot's fence counter]; ARGV = from token, to token, ttl ms, fence
+	// reserved for to (0: take a new one), reserve ('1': reserve a fence
+	// for the owner after to). Returns {-2}, changing nothing, when to is
+	// dead (released before: a transfer that arrives after the cleanup of
+	// its unknown outcome); {0} when from does not hold the lock; {-1}
+	// when a waiter marked it and no fence was reserved (the lock is then
+	// left alone); otherwise {to's fence, the reserved fence or 0}. A
+	// marked lock passed on with a reserved fence stays marked, and
+	// nothing is reserved on it.
 	//
 	// A reservation raises the counter past the holder's fence; the next
-	// key records it, so that Inspect can still report the holder's fence
-	// (the counter minus one while next equals the counter; any later
-	// grant raises the counter past a stale next).
+	// key records it, with the lock's expiry, so that Inspect can still
+	// report the holder's fence (the counter minus one while next equals
+	// the counter; any later grant raises the counter past a stale next).
+	// With the slot's counter, fences come from it, and the fence key
+	// records to's fence, with the lock's expiry (next never equals it).
 	//
 	// A transfer sent again after it took effect (go-redis retried it
 	// after a lost reply) finds to holding the lock and returns to's fence,
@@ -341,22 +491,26 @@ if v ~= ARGV[1] then
   end
   marked = true
 end
+local counter = KEYS[5] or KEYS[2]
 local f = tonumber(ARGV[4])
 if f == 0 then
   if marked then
     return {-1}
   end
-  f = redis.call('INCR', KEYS[2])
+  f = redis.call('INCR', counter)
 end
 local to = ARGV[2]
 if marked then
   to = to .. '+'
 end
 redis.call('SET', KEYS[1], to, 'PX', ARGV[3])
+if KEYS[5] then
+  redis.call('SET', KEYS[2], f, 'PX', ARGV[3])
+end
 local nxt = 0
 if ARGV[5] == '1' and not marked then
-  nxt = redis.call('INCR', KEYS[2])
-  redis.call('SET', KEYS[3], nxt)
+  nxt = redis.call('INCR', counter)
+  redis.call('SET', KEYS[3], nxt, 'PX', ARGV[3])
 else
   redis.call('DEL', KEYS[3])
 end
@@ -403,7 +557,11 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Durat
 		return backend.Grant{}, err
 	}
 	lk, fk := keys(b.opts.prefix, key)
-	res, err := b.batch.run(ctx, acquireScript, []string{lk, fk, deadKeyOf(lk, token), nextKeyOf(lk)}, token, ms(ttl)).Int64()
+	ks := []string{lk, fk, deadKeyOf(lk, token), nextKeyOf(lk)}
+	if sk := b.opts.slotFenceKey(lk); sk != "" {
+		ks = append(ks, sk)
+	}
+	res, err := b.batch.run(ctx, acquireScript, ks, token, ms(ttl)).Int64()
 	if err != nil {
 		return backend.Grant{}, acquireErr(err)
 	}
@@ -423,8 +581,7 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 	if err := b.check(); err != nil {
 		return backend.Grant{}, err
 	}
-	lk, _ := keys(b.opts.prefix, key)
-	ok, err := b.batch.run(ctx, renewScript, []string{lk}, token, ms(ttl)).Int64()
+	ok, err := b.batch.run(ctx, renewScript, b.opts.renewKeys(key), token, ms(ttl)).Int64()
 	if err != nil {
 		return backend.Grant{}, storeErr("renew", err)
 	}
@@ -461,7 +618,11 @@ func (b *Backend) Transfer(ctx context.Context, key, from, to string, ttl time.D
 	if opt.Reserve {
 		reserve = "1"
 	}
-	res, err := b.batch.run(ctx, transferScript, []string{lk, fk, nextKeyOf(lk), deadKeyOf(lk, to)}, from, to, ms(ttl), opt.Fence, reserve).Int64Slice()
+	ks := []string{lk, fk, nextKeyOf(lk), deadKeyOf(lk, to)}
+	if sk := b.opts.slotFenceKey(lk); sk != "" {
+		ks = append(ks, sk)
+	}
+	res, err := b.batch.run(ctx, transferScript, ks, from, to, ms(ttl), opt.Fence, reserve).Int64Slice()
 	switch {
 	case err != nil:
 		return backend.Transferred{}, storeErr("transfer", err)
@@ -483,11 +644,11 @@ func (b *Backend) Inspect(ctx context.Context, key string) (backend.Holder, erro
 		return backend.Holder{}, err
 	}
 	lk, fk := keys(b.opts.prefix, key)
-	return inspect(ctx, b.rdb, lk, fk)
+	return inspect(ctx, b.batch, lk, fk)
 }
 
-func inspect(ctx context.Context, rdb goredis.Scripter, lk, fk string) (backend.Holder, error) {
-	res, err := inspectScript.Run(ctx, rdb, []string{lk, fk, nextKeyOf(lk)}).Slice()
+func inspect(ctx context.Context, n *batcher, lk, fk string) (backend.Holder, error) {
+	res, err := n.run(ctx, inspectScript, []string{lk, fk, nextKeyOf(lk)}).Slice()
 	if err != nil {
 		return backend.Holder{}, storeErr("inspect", err)
 	}
@@ -533,7 +694,7 @@ func (b *Backend) Close() error {
 		return nil
 	}
 	b.notify.close()
-	if b.opts.closeClients {
+	if b.opts.ownClients {
 		if c, ok := b.rdb.(interface{ Close() error }); ok {
 			return c.Close()
 		}

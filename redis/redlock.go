@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,7 +23,11 @@ import (
 // backend.Describer and backend.Inspector.
 //
 // Every request goes to all nodes in parallel, each bounded by the node
-// timeout. Acquire fails, and releases whatever it got on every node, when
+// timeout, and a call returns as soon as the answers so far decide it: a
+// majority granted, or too few nodes are left to grant. A dead or hung
+// node costs a call nothing while a majority answers; its request goes on
+// in the background, bounded by the node timeout, and Close waits for it.
+// Acquire fails, and releases whatever it got on every node, when
 // fewer than a majority granted it, or when granting took so long that less
 // than the drift allowance of the TTL was left. Renew needs a majority too.
 // Package lock measures validity from the send time, so a lease's deadline
@@ -40,6 +45,17 @@ import (
 // on each node of M_B it took the lock after A's lock there was gone, so after
 // A's raise. Two majorities share a node; there B read at least F_A, so
 // F_B > F_A. This holds while the shared node kept its data.
+//
+// M_B is the set of nodes whose grants decided the attempt (a majority): B
+// reads its fence from exactly those. A node that grants later is raised
+// too when it answers in time (raising only upwards where B holds the lock
+// is always safe), or its lock is left to the lease, renewed and released
+// with it, or released at once when the attempt failed.
+//
+// With WithSlotFenceCounters the counter is the key's hash slot's (see the
+// package doc): the same argument holds for it, since a slot's counter
+// also only goes up, and the raise lifts it above a per-key counter left
+// by the default mode.
 //
 // # A node that comes back empty
 //
@@ -73,7 +89,22 @@ type Redlock struct {
 	notify   *notifier
 	closed   atomic.Bool
 	adopting []atomic.Bool // per node: an adoption of fence counters runs
-	bg       sync.WaitGroup
+
+	bgMu     sync.Mutex
+	bgClosed bool           // Close has begun: no more background work
+	bg       sync.WaitGroup // background work (see track); Close waits
+}
+
+// track counts n goroutines about to start as background work that Close
+// waits for, and reports false, counting nothing, once Close has begun.
+func (r *Redlock) track(n int) bool {
+	r.bgMu.Lock()
+	defer r.bgMu.Unlock()
+	if r.bgClosed {
+		return false
+	}
+	r.bg.Add(n)
+	return true
 }
 
 var (
@@ -84,8 +115,12 @@ var (
 )
 
 // NewRedlock returns a Redlock over nodes, independent Redis servers (use an
-// odd number, 3 or 5). Create their clients with ContextTimeoutEnabled, so
-// that the node timeout also bounds a hung node's socket reads.
+// odd number, 3 or 5). Fewer than MinNodes are refused unless
+// WithAllowFewNodes says otherwise, and so are two go-redis clients of the
+// same address (compared as given; lock.Open also resolves host names).
+// The node timeout bounds each node's request whatever the clients'
+// options; clients with ContextTimeoutEnabled do it without a goroutine
+// per request.
 func NewRedlock(nodes []Client, opts ...Option) (*Redlock, error) {
 	if len(nodes) == 0 {
 		return nil, fmt.Errorf("%w: redis: Redlock needs at least one node; use 3 or 5 independent servers", backend.ErrInvalid)
@@ -103,6 +138,12 @@ func NewRedlock(nodes []Client, opts ...Option) (*Redlock, error) {
 			f(&o)
 		}
 	}
+	if len(nodes) < MinNodes && !o.fewNodes {
+		return nil, fmt.Errorf("%w: redis: a Redlock over %d node(s) survives the loss of none; use 3 or 5 independent servers, or allow it with WithAllowFewNodes (URL parameter allowfewnodes=true)", backend.ErrInvalid, len(nodes))
+	}
+	if err := distinctClients(nodes); err != nil {
+		return nil, err
+	}
 	if o.nodeTimeout < 0 {
 		return nil, fmt.Errorf("%w: redis: node timeout %v must be >= 0 (0: derived from the TTL)", backend.ErrInvalid, o.nodeTimeout)
 	}
@@ -111,14 +152,43 @@ func NewRedlock(nodes []Client, opts ...Option) (*Redlock, error) {
 	}
 	batch := make([]*batcher, len(nodes))
 	for i, n := range nodes {
-		batch[i] = newBatcher(n)
+		batch[i] = newBatcher(n, o.ownClients)
 	}
-	return &Redlock{nodes: slices.Clone(nodes), batch: batch, quorum: len(nodes)/2 + 1, opts: o, notify: newNotifier(subs...), adopting: make([]atomic.Bool, len(nodes))}, nil
+	return &Redlock{nodes: slices.Clone(nodes), batch: batch, quorum: len(nodes)/2 + 1, opts: o, notify: newNotifier(o.ownClients, subs...), adopting: make([]atomic.Bool, len(nodes))}, nil
+}
+
+// distinctClients returns an error wrapping ErrInvalid when two nodes are
+// go-redis clients of the same address (compared as given, without
+// resolving names: lock.Open resolves them), or the same client.
+func distinctClients(nodes []Client) error {
+	seen := map[string]int{}
+	for i, n := range nodes {
+		c, ok := n.(*goredis.Client)
+		if !ok {
+			continue // a client kind whose address is not at hand
+		}
+		o := c.Options()
+		if o.Addr == "FailoverClient" {
+			continue // go-redis's placeholder for a Sentinel client
+		}
+		network := o.Network
+		if network == "" {
+			network = "tcp"
+		}
+		addr := network + " " + strings.ToLower(o.Addr)
+		if j, dup := seen[addr]; dup {
+			return fmt.Errorf("%w: redis: Redlock nodes %d and %d are the same server (%s); a Redlock needs independent servers, so that no one server makes a majority", backend.ErrInvalid, j, i, o.Addr)
+		}
+		seen[addr] = i
+	}
+	return nil
 }
 
 var (
-	// redlockAcquireScript: KEYS = lock, fence, dead token, node state;
-	// ARGV = token, ttl ms, maximum TTL ms. On a node that is not ready
+	// redlockAcquireScript: KEYS = lock, fence, dead token, node
+	// state[, the slot's fence counter]; ARGV = token, ttl ms, maximum
+	// TTL ms. The counter it reports is the higher of the key's and the
+	// slot's. On a node that is not ready
 	// (see "A node that comes back empty") it returns {2, ms left to
 	// wait} or, once the wait is over, {3, the node's incarnation}, and
 	// changes nothing but the node state.
@@ -147,34 +217,57 @@ if redis.call('EXISTS', KEYS[3]) == 1 then
   return redis.error_reply('DEAD token released before')
 end
 local c = tonumber(redis.call('GET', KEYS[2]) or '0')
+if KEYS[5] then
+  c = math.max(c, tonumber(redis.call('GET', KEYS[5]) or '0'))
+end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {1, c}
 end
 local v = redis.call('GET', KEYS[1])
+local mine = false
 if string.byte(v, -1) ~= 43 then
   if v == ARGV[1] then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return {0, tonumber(ARGV[2]), c, v}
+    mine = true
+  else
+    redis.call('APPEND', KEYS[1], '+')
   end
-  redis.call('APPEND', KEYS[1], '+')
 else
   v = string.sub(v, 1, -2)
-  if v == ARGV[1] then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  mine = v == ARGV[1]
+end
+if mine then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if KEYS[5] then
+    redis.call('PEXPIRE', KEYS[2], ARGV[2])
   end
 end
 return {0, redis.call('PTTL', KEYS[1]), c, v}`)
 
-	// raiseScript: KEYS = lock, fence; ARGV = token, fence.
-	// Raises the counter to the fence if token holds the lock. Returns 1,
-	// or 0 when token does not hold the lock.
+	// raiseScript: KEYS = lock, fence[, the slot's fence counter]; ARGV
+	// = token, fence. Raises the counter to the fence if token holds the
+	// lock. Returns 1, or 0 when token does not hold the lock. With the
+	// slot's counter, it raises that (above a per-key counter left by the
+	// default mode, too), and the fence key records the holder's fence,
+	// with the lock's expiry.
 	raiseScript = goredis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if v ~= ARGV[1] and v ~= ARGV[1] .. '+' then
   return 0
 end
-if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(ARGV[2]) then
-  redis.call('SET', KEYS[2], ARGV[2])
+local f = tonumber(ARGV[2])
+if KEYS[3] then
+  local top = math.max(f, tonumber(redis.call('GET', KEYS[2]) or '0'))
+  if tonumber(redis.call('GET', KEYS[3]) or '0') < top then
+    redis.call('SET', KEYS[3], top)
+  end
+  local p = redis.call('PTTL', KEYS[1])
+  if p > 0 then
+    redis.call('SET', KEYS[2], f, 'PX', p)
+  end
+  return 1
+end
+if tonumber(redis.call('GET', KEYS[2]) or '0') < f then
+  redis.call('SET', KEYS[2], f)
 end
 return 1`)
 )
@@ -191,21 +284,127 @@ func (r *Redlock) nodeTimeout(ttl time.Duration) time.Duration {
 	return min(max(ttl/10, 10*time.Millisecond), time.Second)
 }
 
-// each runs f on every node in parallel, each call bounded by the node
-// timeout for ttl, and returns the per-node errors.
-func (r *Redlock) each(ctx context.Context, ttl time.Duration, f func(ctx context.Context, i int, n *batcher) error) []error {
+// errNodeTimeout reports a node that did not answer within the node
+// timeout.
+var errNodeTimeout = errors.New("no answer within the node timeout")
+
+// errPending stands for a node that had not answered when the outcome of a
+// call was decided (or when the caller's context ended).
+var errPending = errors.New("no answer yet when the outcome was decided")
+
+// gather runs f on every node in parallel and returns the per-node errors
+// as soon as the outcome is known: when decided (given the answers so far,
+// and errPending for each node still out) says so, when every node has
+// answered, or when ctx ends. A node that has not answered then reads
+// errPending: one dead or hung node does not hold up a call that a
+// majority has decided. The round tells later what every node answered.
+//
+// Each node's request is bounded by the node timeout for ttl and is not cut
+// short by ctx's end (its context keeps ctx's values): a request already on
+// its way may still take effect, so its outcome is still wanted. Requests
+// of nodes that had not answered go on in the background; late, if not
+// nil, receives each one's outcome there. Close waits for them.
+func (r *Redlock) gather(ctx context.Context, ttl time.Duration, f func(ctx context.Context, i int, n *batcher) error, decided func(errs []error) bool, late func(i int, err error)) ([]error, *round) {
+	rd := &round{errs: make([]error, len(r.nodes)), done: make([]chan struct{}, len(r.nodes))}
 	errs := make([]error, len(r.nodes))
-	var wg sync.WaitGroup
-	timeout := r.nodeTimeout(ttl)
-	for i, n := range r.batch {
-		wg.Go(func() {
-			nctx, cancel := context.WithTimeout(ctx, timeout)
-			defer cancel()
-			errs[i] = f(nctx, i, n)
-		})
+	if !r.track(len(r.batch)) {
+		for i := range errs {
+			errs[i] = backend.ErrClosed
+			rd.errs[i] = backend.ErrClosed
+			rd.done[i] = make(chan struct{})
+			close(rd.done[i])
+		}
+		return errs, rd
 	}
-	wg.Wait()
-	return errs
+	answered := make(chan int, len(r.nodes))
+	timeout := r.nodeTimeout(ttl)
+	base := context.WithoutCancel(ctx)
+	for i, n := range r.batch {
+		rd.done[i] = make(chan struct{})
+		go func() {
+			defer r.bg.Done()
+			nctx, cancel := context.WithTimeout(base, timeout)
+			err := f(nctx, i, n)
+			cancel()
+			if err != nil && nctx.Err() != nil && errors.Is(err, context.DeadlineExceeded) {
+				// The node timeout, not the caller's deadline: say
+				// so, without wrapping context.DeadlineExceeded,
+				// which tells a caller that its own time ran out.
+				err = fmt.Errorf("%w (%v)", errNodeTimeout, timeout)
+			}
+			rd.errs[i] = err
+			close(rd.done[i])
+			answered <- i
+		}()
+	}
+	for i := range errs {
+		errs[i] = errPending
+	}
+	pending := len(errs)
+wait:
+	for pending > 0 && (decided == nil || !decided(errs)) {
+		select {
+		case i := <-answered:
+			errs[i] = rd.errs[i]
+			pending--
+		case <-ctx.Done():
+			break wait
+		}
+	}
+	if pending > 0 && late != nil && r.track(1) {
+		go func() {
+			defer r.bg.Done()
+			for range pending {
+				i := <-answered
+				late(i, rd.errs[i])
+			}
+		}()
+	}
+	return errs, rd
+}
+
+// A round is one request to every node (see gather).
+type round struct {
+	errs []error         // errs[i] is node i's answer, set before done[i] is closed
+	done []chan struct{} // closed when node i answered
+}
+
+// await returns node i's answer, waiting for it until ctx ends.
+func (rd *round) await(ctx context.Context, i int) error {
+	select {
+	case <-rd.done[i]:
+		return rd.errs[i]
+	case <-ctx.Done():
+		return fmt.Errorf("no answer to the acquire in time: %w", ctx.Err())
+	}
+}
+
+// count returns how many of errs are nil, match target (with errors.Is),
+// and are errPending.
+func count(errs []error, target error) (ok, matched, pending int) {
+	for _, err := range errs {
+		switch {
+		case err == nil:
+			ok++
+		case err == errPending:
+			pending++
+		case target != nil && errors.Is(err, target):
+			matched++
+		}
+	}
+	return ok, matched, pending
+}
+
+// majorityDecided returns the decision rule of a call that succeeds on a
+// majority of nodes, fails with notHere (ErrNotHeld, say) on more than a
+// minority, and otherwise fails: decided once pending answers cannot
+// change which of the three it is.
+func (r *Redlock) majorityDecided(notHere error) func(errs []error) bool {
+	n, q := len(r.nodes), r.quorum
+	return func(errs []error) bool {
+		ok, not, pending := count(errs, notHere)
+		return ok >= q || not > n-q || (ok+pending < q && not+pending <= n-q)
+	}
 }
 
 func (r *Redlock) check() error {
@@ -236,6 +435,14 @@ func (r *Redlock) tooLong(ttl time.Duration) error {
 }
 
 // Acquire implements backend.Backend.
+//
+// It returns as soon as a majority has decided: a majority granted and then
+// confirmed the fence, or too few nodes are left to grant. A node that
+// answers later is handled in the background: a grant that comes too late
+// for a failed attempt is released; one that comes after a successful
+// attempt belongs to the lease (its renewals and its release go to every
+// node), and an empty node's answer still starts its adoption of fence
+// counters.
 func (r *Redlock) Acquire(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
 	if err := r.check(); err != nil {
 		return backend.Grant{}, err
@@ -249,11 +456,39 @@ func (r *Redlock) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	nk := r.nodeKey()
 	maxMs := ms(r.opts.maxTTL)
 	ch := channelOf(lk)
+	id := releaseID()
+	release := func(ctx context.Context, n *batcher) error {
+		return n.run(ctx, releaseScript, []string{lk, dk}, token, deadMs, ch, id).Err()
+	}
+
+	// The attempt's result, for nodes that answer after it returned.
+	result := struct {
+		done    chan struct{}
+		granted bool // set before done is closed
+	}{done: make(chan struct{})}
+	defer close(result.done)
+	lateGrant := func(i int, err error) {
+		if err != nil {
+			return
+		}
+		<-result.done
+		if result.granted {
+			return // part of the lease
+		}
+		nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.nodeTimeout(ttl))
+		defer cancel()
+		_ = release(nctx, r.batch[i])
+	}
+
+	acquireKeys, raiseKeys := []string{lk, fk, dk, nk}, []string{lk, fk}
+	if sk := r.opts.slotFenceKey(lk); sk != "" {
+		acquireKeys, raiseKeys = append(acquireKeys, sk), append(raiseKeys, sk)
+	}
 	counters := make([]int64, len(r.nodes))
 	pttls := make([]int64, len(r.nodes))
 	holders := make([]string, len(r.nodes))
-	errs := r.each(ctx, ttl, func(ctx context.Context, i int, n *batcher) error {
-		res, err := n.run(ctx, redlockAcquireScript, []string{lk, fk, dk, nk}, token, ms(ttl), maxMs).Slice()
+	first, firstRound := r.gather(ctx, ttl, func(ctx context.Context, i int, n *batcher) error {
+		res, err := n.run(ctx, redlockAcquireScript, acquireKeys, token, ms(ttl), maxMs).Slice()
 		if err != nil {
 			return err
 		}
@@ -284,12 +519,15 @@ func (r *Redlock) Acquire(ctx context.Context, key, token string, ttl time.Durat
 			return errLockedHere
 		}
 		return fmt.Errorf("unexpected script reply %v", res)
-	})
+	}, func(errs []error) bool {
+		ok, _, pending := count(errs, nil)
+		return ok >= r.quorum || ok+pending < r.quorum
+	}, lateGrant)
 	nGranted, unknown := 0, 0
 	votes := map[string]int{}
 	var fence int64
 	var remaining time.Duration
-	for i, err := range errs {
+	for i, err := range first {
 		switch {
 		case err == nil:
 			nGranted++
@@ -297,8 +535,8 @@ func (r *Redlock) Acquire(ctx context.Context, key, token string, ttl time.Durat
 			votes[holders[i]]++
 			remaining = max(remaining, time.Duration(pttls[i])*time.Millisecond)
 		default:
-			unknown++
-			continue // a node that did not answer tells us nothing
+			unknown++ // a node that did not answer (yet) tells us nothing
+			continue
 		}
 		fence = max(fence, counters[i])
 	}
@@ -311,26 +549,27 @@ func (r *Redlock) Acquire(ctx context.Context, key, token string, ttl time.Durat
 		}
 	}
 
+	errs := first
 	if nGranted >= r.quorum {
-		raised := 0
-		rerrs := r.each(ctx, ttl, func(ctx context.Context, i int, n *batcher) error {
-			if errs[i] != nil {
-				return errs[i]
+		// Raise the fence on the nodes that granted, including those
+		// that grant while this runs: raising a counter is safe on any
+		// node where the token holds the lock, and a majority was read
+		// for the fence (see "Fencing tokens from a quorum counter").
+		rerrs, _ := r.gather(ctx, ttl, func(ctx context.Context, i int, n *batcher) error {
+			if err := firstRound.await(ctx, i); err != nil {
+				return err
 			}
-			ok, err := n.run(ctx, raiseScript, []string{lk, fk}, token, fence).Int64()
+			ok, err := n.run(ctx, raiseScript, raiseKeys, token, fence).Int64()
 			if err == nil && ok == 0 {
 				err = errors.New("lock expired before the fence was raised")
 			}
 			return err
-		})
-		for _, err := range rerrs {
-			if err == nil {
-				raised++
-			}
-		}
+		}, r.majorityDecided(nil), nil)
+		raised, _, _ := count(rerrs, nil)
 		nGranted = raised
 		validity := ttl - time.Since(start) - ttl/100 - 2*time.Millisecond
 		if raised >= r.quorum && validity > 0 {
+			result.granted = true
 			return backend.Grant{Fence: uint64(fence), TTL: granted(ttl)}, nil
 		}
 		errs = rerrs
@@ -339,12 +578,21 @@ func (r *Redlock) Acquire(ctx context.Context, key, token string, ttl time.Durat
 		}
 	}
 
-	// No quorum: undo what was taken, on every node (token-checked), on a
-	// context that outlives ctx's end: nothing may be left behind.
-	id := releaseID()
-	r.each(context.WithoutCancel(ctx), ttl, func(ctx context.Context, i int, n *batcher) error {
-		return n.run(ctx, releaseScript, []string{lk, dk}, token, deadMs, ch, id).Err()
-	})
+	// No quorum: undo what was taken, on every node (token-checked); the
+	// release kills the token, so a grant still on its way is refused when
+	// it lands after it (see Dead tokens). Wait for the nodes that granted,
+	// which answered moments ago; the others' releases go on in the
+	// background, bounded by the node timeout.
+	_, _ = r.gather(ctx, ttl, func(ctx context.Context, _ int, n *batcher) error {
+		return release(ctx, n)
+	}, func(undone []error) bool {
+		for i, err := range first {
+			if err == nil && undone[i] == errPending {
+				return false
+			}
+		}
+		return true
+	}, nil)
 	switch {
 	case heldElsewhere:
 		return backend.Grant{}, backend.Locked(remaining)
@@ -354,16 +602,6 @@ func (r *Redlock) Acquire(ctx context.Context, key, token string, ttl time.Durat
 		return backend.Grant{}, fmt.Errorf("redis: redlock: %d of %d nodes granted, %d held by %d other contenders: %w", nGranted, len(r.nodes), len(r.nodes)-nGranted-unknown, len(votes), backend.ErrContended)
 	}
 	return backend.Grant{}, r.quorumErr("acquire", nGranted, errs, ctx)
-}
-
-func failures(errs []error) int {
-	n := 0
-	for _, err := range errs {
-		if err != nil && !errors.Is(err, errLockedHere) {
-			n++
-		}
-	}
-	return n
 }
 
 // quorumErr describes a failure to reach a majority; it wraps the nodes'
@@ -385,7 +623,7 @@ func (r *Redlock) quorumErr(op string, ok int, errs []error, ctx context.Context
 }
 
 // Renew implements backend.Backend: a majority must still hold token's lock
-// and extend it.
+// and extend it. It returns once a majority has decided.
 func (r *Redlock) Renew(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
 	if err := r.check(); err != nil {
 		return backend.Grant{}, err
@@ -393,20 +631,15 @@ func (r *Redlock) Renew(ctx context.Context, key, token string, ttl time.Duratio
 	if ttl > r.opts.maxTTL {
 		return backend.Grant{}, r.tooLong(ttl)
 	}
-	lk, _ := keys(r.opts.prefix, key)
-	notHeld := 0
-	var mu sync.Mutex
-	errs := r.each(ctx, ttl, func(ctx context.Context, i int, n *batcher) error {
-		ok, err := n.run(ctx, renewScript, []string{lk}, token, ms(ttl)).Int64()
+	renewKeys := r.opts.renewKeys(key)
+	errs, _ := r.gather(ctx, ttl, func(ctx context.Context, i int, n *batcher) error {
+		ok, err := n.run(ctx, renewScript, renewKeys, token, ms(ttl)).Int64()
 		if err == nil && ok == 0 {
-			mu.Lock()
-			notHeld++
-			mu.Unlock()
 			return backend.ErrNotHeld
 		}
 		return err
-	})
-	ok := len(r.nodes) - failures(errs) - notHeld
+	}, r.majorityDecided(backend.ErrNotHeld), nil)
+	ok, notHeld, _ := count(errs, backend.ErrNotHeld)
 	switch {
 	case ok >= r.quorum:
 		return backend.Grant{TTL: granted(ttl)}, nil
@@ -417,6 +650,8 @@ func (r *Redlock) Renew(ctx context.Context, key, token string, ttl time.Duratio
 }
 
 // Release implements backend.Backend: it deletes token's lock on every node.
+// It returns once a majority has decided; the other nodes' releases go on in
+// the background, bounded by the node timeout.
 func (r *Redlock) Release(ctx context.Context, key, token string) error {
 	if err := r.check(); err != nil {
 		return err
@@ -424,47 +659,61 @@ func (r *Redlock) Release(ctx context.Context, key, token string) error {
 	lk, _ := keys(r.opts.prefix, key)
 	dk := deadKeyOf(lk, token)
 	ch := channelOf(lk)
-	var released, notHeld atomic.Int64
 	id := releaseID()
-	errs := r.each(ctx, 0, func(ctx context.Context, i int, n *batcher) error {
+	errs, _ := r.gather(ctx, 0, func(ctx context.Context, i int, n *batcher) error {
 		k, err := n.run(ctx, releaseScript, []string{lk, dk}, token, deadMs, ch, id).Int64()
-		switch {
-		case err != nil:
-			return err
-		case k == 1:
-			released.Add(1)
-		default:
-			notHeld.Add(1)
+		if err == nil && k != 1 {
+			return backend.ErrNotHeld
 		}
-		return nil
-	})
+		return err
+	}, r.majorityDecided(backend.ErrNotHeld), nil)
+	released, notHeld, _ := count(errs, backend.ErrNotHeld)
 	switch {
-	case int(released.Load()) >= r.quorum:
+	case released >= r.quorum:
 		return nil
-	case int(notHeld.Load()) > len(r.nodes)-r.quorum:
+	case notHeld > len(r.nodes)-r.quorum:
 		return backend.ErrNotHeld
 	}
-	return r.quorumErr("release", int(released.Load()), errs, ctx)
+	return r.quorumErr("release", released, errs, ctx)
 }
 
 // Inspect implements backend.Inspector: the holder is the token that holds a
-// majority of nodes.
+// majority of nodes. It returns once the answers so far decide it.
 func (r *Redlock) Inspect(ctx context.Context, key string) (backend.Holder, error) {
 	if err := r.check(); err != nil {
 		return backend.Holder{}, err
 	}
 	lk, fk := keys(r.opts.prefix, key)
 	holders := make([]backend.Holder, len(r.nodes))
-	errs := r.each(ctx, 0, func(ctx context.Context, i int, n *batcher) (err error) {
-		holders[i], err = inspect(ctx, n.rdb, lk, fk)
-		return err
-	})
-	votes := map[string][]backend.Holder{}
-	for i, h := range holders {
-		if errs[i] == nil && h.Held {
-			votes[h.Token] = append(votes[h.Token], h)
+	tally := func(errs []error) (votes map[string][]backend.Holder, ok, pending int) {
+		votes = map[string][]backend.Holder{}
+		for i, err := range errs {
+			switch {
+			case err == nil:
+				ok++
+				if h := holders[i]; h.Held {
+					votes[h.Token] = append(votes[h.Token], h)
+				}
+			case err == errPending:
+				pending++
+			}
 		}
+		return votes, ok, pending
 	}
+	errs, _ := r.gather(ctx, 0, func(ctx context.Context, i int, n *batcher) (err error) {
+		holders[i], err = inspect(ctx, n, lk, fk)
+		return err
+	}, func(errs []error) bool {
+		votes, ok, pending := tally(errs)
+		most := 0
+		for _, hs := range votes {
+			most = max(most, len(hs))
+		}
+		// A holder has a majority, or none can get one and whether
+		// the key is free or the nodes failed is settled.
+		return most >= r.quorum || (most+pending < r.quorum && (ok >= r.quorum || ok+pending < r.quorum))
+	}, nil)
+	votes, ok, _ := tally(errs)
 	for token, hs := range votes {
 		if len(hs) < r.quorum {
 			continue
@@ -476,12 +725,13 @@ func (r *Redlock) Inspect(ctx context.Context, key string) (backend.Holder, erro
 			rem = append(rem, h.Remaining)
 		}
 		slices.Sort(rem)
-		// The lock lasts while a majority of its nodes still hold it.
+		// The lock lasts while a majority of its nodes still hold it
+		// (of the nodes that answered: a lower bound).
 		out.Remaining = rem[len(rem)-r.quorum]
 		return out, nil
 	}
-	if len(r.nodes)-failures(errs) < r.quorum {
-		return backend.Holder{}, r.quorumErr("inspect", len(r.nodes)-failures(errs), errs, ctx)
+	if ok < r.quorum {
+		return backend.Holder{}, r.quorumErr("inspect", ok, errs, ctx)
 	}
 	return backend.Holder{}, nil
 }
@@ -504,21 +754,30 @@ func (r *Redlock) Capabilities() backend.Capabilities {
 	return c
 }
 
-// Close stops the subscriptions; it closes the node clients only when the
-// Redlock was opened from a URL.
+// Close stops the subscriptions and waits for the requests still out to
+// nodes that had not answered when their call returned (each bounded by the
+// node timeout). When the Redlock was opened from a URL it closes the node
+// clients, first, which ends those requests at once.
 func (r *Redlock) Close() error {
 	if !r.closed.CompareAndSwap(false, true) {
 		return nil
 	}
 	r.notify.close()
-	r.bg.Wait()
+	r.bgMu.Lock()
+	r.bgClosed = true
+	r.bgMu.Unlock()
 	var errs []error
-	if r.opts.closeClients {
+	if r.opts.ownClients {
+		// Closing the clients first ends the requests still out to
+		// slow nodes at once, instead of at the node timeout. They are
+		// best effort: a lock one of them would have released expires
+		// with its TTL.
 		for _, n := range r.nodes {
 			if c, ok := n.(interface{ Close() error }); ok {
 				errs = append(errs, c.Close())
 			}
 		}
 	}
+	r.bg.Wait()
 	return errors.Join(errs...)
 }

@@ -3,6 +3,7 @@ package redis_test
 import (
 	"context"
 	"errors"
+	"net"
 	"strings"
 	"testing"
 
@@ -59,4 +60,74 @@ func TestOpenURLs(t *testing.T) {
 			t.Errorf("Open(%q): %v; want ErrInvalid mentioning %q", tc.url, err, tc.want)
 		}
 	}
+}
+
+// A Redlock whose majority one server can make up alone grants locks on
+// that server's word (redlock://a,a,b with b down still granted), and one
+// over 1 or 2 nodes survives the loss of none: both are refused, the first
+// after resolving host names, the second unless allowed explicitly.
+func TestRedlockNeedsDistinctNodes(t *testing.T) {
+	srvs := startN(t, 3, redistest.NoPersistence)
+	a, b, c := srvs[0].Addr, srvs[1].Addr, srvs[2].Addr
+	_, port, _ := net.SplitHostPort(a)
+	ctx := context.Background()
+	for _, tc := range []struct{ url, want string }{
+		{"redlock://" + a + "," + a + "," + b, `redlock nodes "` + a + `" and "` + a + `" are the same server`},
+		{"redlock://" + a + ",localhost:" + port + "," + b, `redlock nodes "` + a + `" and "localhost:` + port + `" are the same server`},
+		{"redlock://" + a, "a Redlock over 1 node(s) survives the loss of none"},
+		{"redlock://" + a + "," + b, "a Redlock over 2 node(s) survives the loss of none; use 3 or 5 independent servers, or allow it with WithAllowFewNodes (URL parameter allowfewnodes=true)"},
+		{"redlock://" + a + "," + b + "?allowfewnodes=maybe", "allowfewnodes=\"maybe\": want true or false"},
+	} {
+		locks, err := lock.Open(ctx, tc.url)
+		if err == nil {
+			locks.Close()
+			t.Errorf("Open(%q) succeeded", tc.url)
+			continue
+		}
+		if !errors.Is(err, lock.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Open(%q): %v; want ErrInvalid saying %q", tc.url, err, tc.want)
+		}
+	}
+	for _, u := range []string{"redlock://" + a + "," + b + "?allowfewnodes=true", "redlock://" + a + "," + b + "," + c} {
+		locks, err := lock.Open(ctx, u)
+		if err != nil {
+			t.Errorf("Open(%q): %v", u, err)
+			continue
+		}
+		l, err := locks.TryAcquire(ctx, "k")
+		if err != nil {
+			t.Errorf("%s: TryAcquire: %v", u, err)
+		} else {
+			l.Release(ctx)
+		}
+		locks.Close()
+	}
+
+	// NewRedlock, over the caller's clients.
+	ca, cb := newGoRedis(t, a), newGoRedis(t, b)
+	for _, tc := range []struct {
+		nodes []redis.Client
+		opts  []redis.Option
+		want  string
+	}{
+		{[]redis.Client{ca, cb}, nil, "survives the loss of none"},
+		{[]redis.Client{ca, ca, cb}, nil, "Redlock nodes 0 and 1 are the same server"},
+		{[]redis.Client{ca, newGoRedis(t, a), cb}, nil, "Redlock nodes 0 and 1 are the same server"},
+		{[]redis.Client{ca, ca}, []redis.Option{redis.WithAllowFewNodes(true)}, "are the same server"},
+	} {
+		r, err := redis.NewRedlock(tc.nodes, tc.opts...)
+		if err == nil {
+			r.Close()
+			t.Errorf("NewRedlock(%d nodes) succeeded; want %q", len(tc.nodes), tc.want)
+			continue
+		}
+		if !errors.Is(err, lock.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("NewRedlock: %v; want ErrInvalid saying %q", err, tc.want)
+		}
+	}
+	r, err := redis.NewRedlock([]redis.Client{ca, cb}, redis.WithAllowFewNodes(true))
+	if err != nil {
+		t.Fatalf("NewRedlock over 2 nodes, allowed: %v", err)
+	}
+	r.Close()
 }

@@ -5,6 +5,7 @@ package redistest
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -42,9 +43,14 @@ type Server struct {
 	dir  string
 	port int
 	mode string
-	cmd  *exec.Cmd
-	exit chan error
-	t    T
+	// extra config lines: a cluster node's, or a Sentinel's (then
+	// sentinel is true: it runs with --sentinel, from a config file it
+	// may rewrite)
+	extra    []string
+	sentinel bool
+	cmd      *exec.Cmd
+	exit     chan error
+	t        T
 }
 
 // Binary returns the path of redis-server, or fails the test with how to get
@@ -84,6 +90,17 @@ func freePort(t T) int {
 }
 
 func (s *Server) config() string {
+	if s.sentinel {
+		return strings.Join(append([]string{
+			fmt.Sprintf("port %d", s.port),
+			"bind 127.0.0.1",
+			"protected-mode no",
+			"daemonize no",
+			"dir " + s.dir,
+			`logfile ""`,
+			"loglevel warning",
+		}, s.extra...), "\n") + "\n"
+	}
 	lines := []string{
 		fmt.Sprintf("port %d", s.port),
 		"bind 127.0.0.1",
@@ -99,6 +116,7 @@ func (s *Server) config() string {
 	} else {
 		lines = append(lines, "appendonly yes", "appendfsync "+s.mode)
 	}
+	lines = append(lines, s.extra...)
 	return strings.Join(lines, "\n") + "\n"
 }
 
@@ -107,6 +125,13 @@ func (s *Server) start() {
 	t.Helper()
 	cmd := exec.Command(Binary(t), "-")
 	cmd.Stdin = strings.NewReader(s.config())
+	if s.sentinel {
+		conf := s.dir + "/sentinel.conf"
+		if err := os.WriteFile(conf, []byte(s.config()), 0o644); err != nil {
+			t.Fatalf("redistest: %v", err)
+		}
+		cmd = exec.Command(Binary(t), conf, "--sentinel")
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	log, err := os.OpenFile(s.dir+"/redis.log", os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -206,6 +231,80 @@ func (s *Server) Continue() {
 
 // Running reports whether the server process is up.
 func (s *Server) Running() bool { return s.cmd != nil }
+
+// StartCluster starts a Redis Cluster of masters redis-server processes
+// (no replicas, no persistence) on loopback, joined with redis-cli --cluster
+// create, and returns them once every node reports the cluster ok.
+func StartCluster(t T, masters int) []*Server {
+	t.Helper()
+	Binary(t)
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		t.Fatalf("redis-cli not installed: apt-get install -y redis-tools (or redis-server, which pulls it in)")
+	}
+	var srvs []*Server
+	var addrs []string
+	for range masters {
+		s := &Server{dir: t.TempDir(), t: t, port: freePort(t), extra: []string{
+			"cluster-enabled yes",
+			"cluster-config-file nodes.conf",
+			"cluster-node-timeout 5000",
+		}}
+		s.Addr = fmt.Sprintf("127.0.0.1:%d", s.port)
+		s.start()
+		t.Cleanup(s.kill)
+		srvs = append(srvs, s)
+		addrs = append(addrs, s.Addr)
+	}
+	args := append([]string{"--cluster", "create"}, addrs...)
+	out, err := exec.Command(cli, append(args, "--cluster-replicas", "0", "--cluster-yes")...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("redistest: redis-cli --cluster create: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, s := range srvs {
+		c := Client(t, s.Addr)
+		for {
+			info, _ := c.ClusterInfo(ctx).Result()
+			if strings.Contains(info, "cluster_state:ok") {
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("redistest: cluster node %s not ok after 30s: %q", s.Addr, info)
+			}
+			time.Sleep(20 * time.Millisecond) // poll the node until the cluster is up
+		}
+	}
+	return srvs
+}
+
+// StartSentinel starts a Redis Sentinel process that monitors master under
+// name (quorum 1), and returns it once it names the master.
+func StartSentinel(t T, master *Server, name string) *Server {
+	t.Helper()
+	Binary(t)
+	s := &Server{dir: t.TempDir(), t: t, port: freePort(t), sentinel: true, extra: []string{
+		fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 1", name, master.port),
+		fmt.Sprintf("sentinel down-after-milliseconds %s 5000", name),
+	}}
+	s.Addr = fmt.Sprintf("127.0.0.1:%d", s.port)
+	s.start()
+	t.Cleanup(s.kill)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c := Client(t, s.Addr)
+	for {
+		addr, err := c.Do(ctx, "SENTINEL", "get-master-addr-by-name", name).StringSlice()
+		if err == nil && len(addr) == 2 && addr[1] == fmt.Sprint(master.port) {
+			return s
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("redistest: sentinel %s does not name master %s: %v %v", s.Addr, name, addr, err)
+		}
+		time.Sleep(20 * time.Millisecond) // poll the sentinel until it is up
+	}
+}
 
 // Client returns a go-redis client of addr for tests, closed at cleanup.
 // Context deadlines bound its socket reads, so a hung server cannot hold a
