@@ -511,15 +511,20 @@ func (c *Client) sleep(ctx context.Context, cfg *config, d time.Duration, w back
 }
 
 // cleanup releases key for token in the background after an acquire whose
-// outcome is unknown; it gives up after ttl, when the lock has expired anyway.
+// outcome is unknown; it gives up after the shorter of ttl (the lock has
+// expired by then anyway) and cleanupLimit (a store that does not answer
+// that long will not answer this either; the lock then expires on its own).
 // Close waits for it.
 func (c *Client) cleanup(ctx context.Context, key, token string, ttl time.Duration) {
 	c.background(func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ttl)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(ttl, cleanupLimit))
 		defer cancel()
 		_ = c.b.Release(rctx, key, token)
 	})
 }
+
+// cleanupLimit bounds a cleanup release, and so how long Close waits for one.
+const cleanupLimit = time.Second
 
 // background runs f in a goroutine that Close waits for. Once the client is
 // closing it runs nothing and reports false.

@@ -387,6 +387,7 @@ func main() {
 		c := &counter{}
 		rdb := goredis.NewClient(&goredis.Options{
 			Addr:                     srv.Addr,
+			ContextTimeoutEnabled:    true,
 			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 		})
 		rdb.AddHook(c)

@@ -24,7 +24,7 @@ func (e *environment) run(ctx context.Context, args []string) int {
 	ttl := fs.Duration("ttl", 10*time.Second, "lock TTL, renewed while the command runs (default: the URL's ttl, else 10s)")
 	wait := fs.Bool("wait", true, "wait for the lock while another owner holds it")
 	noWait := fs.Bool("no-wait", false, "fail at once (status 75) when another owner holds the lock")
-	timeout := fs.Duration("timeout", 0, "give up waiting after this long, status 75 (0: wait forever)")
+	timeout := fs.Duration("timeout", 0, "give up waiting after this long, status 75 (0: wait forever; with --no-wait, the store has 3s to answer)")
 	grace := fs.Duration("grace", 0, "when renewals fail, SIGTERM the command this long before the lock's deadline; at most TTL/2 (default TTL/4)")
 	if code, ok := e.parse(fs, args); !ok {
 		return code
@@ -76,6 +76,9 @@ func (e *environment) run(ctx context.Context, args []string) int {
 
 func (e *environment) acquire(ctx context.Context, locks *lock.Client, key string, wait bool, timeout time.Duration) (*lock.Lease, int) {
 	actx := ctx
+	if !wait && timeout == 0 {
+		timeout = noWaitLimit // one attempt; a store that does not answer is a failure
+	}
 	if timeout > 0 {
 		var cancel context.CancelFunc
 		actx, cancel = context.WithTimeout(ctx, timeout)
@@ -109,6 +112,9 @@ func (e *environment) acquire(ctx context.Context, locks *lock.Client, key strin
 	fmt.Fprintf(e.stderr, "lockctl run: the backend failed: %v\n", msg(err))
 	return nil, exitBackend
 }
+
+// noWaitLimit bounds a --no-wait attempt given no --timeout.
+const noWaitLimit = 3 * time.Second
 
 // release releases l, waiting at most limit.
 func release(ctx context.Context, l *lock.Lease, limit time.Duration) error {

@@ -265,12 +265,19 @@ func TestRunExitStatusesTellHeldFromBackendFailure(t *testing.T) {
 	}{
 		{"refused", []string{"--backend", "redis://127.0.0.1:1", "--no-wait"}, "the backend failed"},
 		{"stopped, --timeout", []string{"--backend", "redis://" + srv.Addr, "--timeout", "1s"}, "did not answer"},
+		{"stopped, --no-wait", []string{"--backend", "redis://" + srv.Addr, "--no-wait"}, "did not answer"},
 		{"redlock majority stopped, --no-wait", []string{"--backend", redlock, "--no-wait"}, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append(append([]string{"run"}, tc.args...), "job", "--", "true")
+			start := time.Now()
 			code, _, stderr := call(t, nil, args...)
+			// A bound on a hang, not a timing claim: --timeout 1s, or the
+			// 3s --no-wait limit, plus the 1s cleanup release.
+			if took := time.Since(start); took > 8*time.Second {
+				t.Errorf("took %v; want the attempt's deadline plus the cleanup's second", took)
+			}
 			if code != exitBackend {
 				t.Fatalf("status %d; want 69 (stderr %q)", code, stderr)
 			}
