@@ -333,13 +333,23 @@ func TestDemoFailsFastWithoutABackend(t *testing.T) {
 	if took := time.Since(start); took > 15*time.Second {
 		t.Errorf("took %v; want a few seconds", took)
 	}
-	var own []string
-	for _, line := range strings.Split(strings.TrimSpace(stderr), "\n") {
-		if strings.HasPrefix(line, "lockctl") {
-			own = append(own, line)
+	lines := strings.Split(strings.TrimSpace(stderr), "\n")
+	if len(lines) != 1 || !strings.HasPrefix(lines[0], "lockctl demo:") || !strings.Contains(lines[0], "127.0.0.1:1") {
+		t.Errorf("stderr %q; want one line, lockctl's, naming the backend (no go-redis log lines)", stderr)
+	}
+}
+
+func TestVersionAndHelp(t *testing.T) {
+	for _, args := range [][]string{{"--version"}, {"version"}} {
+		code, out, _ := call(t, nil, args...)
+		if code != 0 || !strings.HasPrefix(out, "lockctl ") || !strings.Contains(out, "go1.") {
+			t.Errorf("%q: %d %q; want lockctl's version", args, code, out)
 		}
 	}
-	if len(own) != 1 || !strings.Contains(own[0], "127.0.0.1:1") {
-		t.Errorf("stderr %q; want one line of lockctl's naming the backend", stderr)
+	code, out, _ := call(t, nil, "run", "--help")
+	for _, want := range []string{"usage: lockctl run [flags] KEY -- CMD", "--ttl D", "--grace D", "(default TTL/4)", "--wait", "(default true)", "--timeout D"} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Errorf("run --help: %d, output lacks %q:\n%s", code, want, out)
+		}
 	}
 }
