@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/consul/api"
@@ -82,6 +83,11 @@ func (p *apiLockPeer) session() (string, error) {
 	}
 	p.mu.Unlock()
 	s, _, err := p.cli.Session().CreateNoChecks(&api.SessionEntry{TTL: consulTTL.String(), Behavior: api.SessionBehaviorRelease}, nil)
+	if err == nil {
+		// As an application that keeps a session per goroutine would:
+		// renewed in the background for the whole run.
+		go p.cli.Session().RenewPeriodic(consulTTL.String(), s, nil, nil)
+	}
 	return s, err
 }
 
@@ -227,7 +233,8 @@ func startConsul() (string, func()) {
 		"-data-dir="+filepath.Join(dir, "data"), "-bind=127.0.0.1", "-advertise=127.0.0.1", "-client=127.0.0.1",
 		"-http-port="+ports[0], "-dns-port=-1", "-grpc-port=-1", "-serf-lan-port="+ports[1],
 		"-serf-wan-port="+ports[2], "-server-port="+ports[3], "-log-level=error",
-		"-hcl", `disable_update_check = true`, "-hcl", `performance { raft_multiplier = 1 }`)
+		"-hcl", `disable_update_check = true`, "-hcl", `ports { grpc_tls = -1 }`, "-hcl", `performance { raft_multiplier = 1 }`)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // dies with the bench, even on fatal
 	if err := cmd.Start(); err != nil {
 		fatal(err)
 	}

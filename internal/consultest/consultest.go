@@ -103,6 +103,7 @@ func Start(t testing.TB) *Agent {
 		"-log-level=error",
 		"-hcl", `session_ttl_min = "1s"`,
 		"-hcl", `disable_update_check = true`,
+		"-hcl", `ports { grpc_tls = -1 }`,
 		"-hcl", `performance { raft_multiplier = 1 }`,
 	}
 	p := serverproc.Start(t, argv, serverproc.Options{Dir: dir, Ready: hasLeader, ReadyTimeout: time.Minute})
