@@ -9,7 +9,7 @@
 //
 // The backend is a URL (--backend, or the LOCK_BACKEND environment variable);
 // every scheme of this module is registered: mem, redis, rediss, unix,
-// redlock, consul and consuls.
+// redlock, consul, consuls, etcd and etcds.
 //
 // Exit status: for run, the command's own status (128+N when signal N ended
 // it), 127 when the command is not found and 126 when it cannot be
@@ -36,6 +36,7 @@ import (
 
 	"github.com/distlock/lock"
 	_ "github.com/distlock/lock/consul"
+	_ "github.com/distlock/lock/etcd"
 	_ "github.com/distlock/lock/memory"
 	_ "github.com/distlock/lock/redis"
 )

@@ -70,7 +70,7 @@ func TestBadUsageIsOneLineAndStatus2(t *testing.T) {
 		{nil, "usage: lockctl"},
 		{[]string{"frobnicate"}, `unknown command "frobnicate"; valid: run, status, demo, bench`},
 		{[]string{"run", "--bogus", "k", "--", "true"}, "valid flags: --backend"},
-		{[]string{"run", "--backend", "nosuch://x", "k", "--", "true"}, "registered: consul, consuls, mem, redis, rediss, redlock, unix"},
+		{[]string{"run", "--backend", "nosuch://x", "k", "--", "true"}, "registered: consul, consuls, etcd, etcds, mem, redis"},
 		{[]string{"run", "--backend", "redis://localhost:6379?colour=red", "k", "--", "true"}, `unknown query parameter "colour"`},
 		{[]string{"run", "--backend", "mem://", "k", "true"}, "want KEY -- CMD"},
 		{[]string{"run", "k", "--", "true"}, "no backend: give --backend URL or set LOCK_BACKEND"},
@@ -92,7 +92,7 @@ func TestBadUsageIsOneLineAndStatus2(t *testing.T) {
 		{[]string{"demo", "--units", "0"}, "need 1 <= --units <= --buyers"},
 		{[]string{"bench", "--duration", "0s"}, "--duration must be more than 0"},
 		{[]string{"demo", "--backend", "mem://x?ttl=soon"}, "want a Go duration"},
-		{[]string{"status", "--backend", "redis://[::1", "k"}, "want SCHEME://ADDRESS with a registered scheme (consul, consuls, mem, redis"},
+		{[]string{"status", "--backend", "redis://[::1", "k"}, "want SCHEME://ADDRESS with a registered scheme (consul, consuls, etcd, etcds, mem"},
 		{[]string{"status", "--backend", "localhost:6379", "k"}, `unknown URL scheme "localhost"`},
 	}
 	for _, tc := range cases {

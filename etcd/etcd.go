@@ -1,0 +1,601 @@
+// Package etcd is the etcd backend of package lock, over an etcd v3 cluster
+// through go.etcd.io/etcd/client/v3. Application code should use package
+// lock; this package provides the store.
+//
+//	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"localhost:2379"}})
+//	b, err := etcd.New(cli)
+//	locks, err := lock.New(b)
+//
+// or, with the client built and owned by the backend:
+//
+//	locks, err := lock.Open(ctx, "etcd://localhost:2379")
+//
+// # How it works
+//
+// Every lock is attached to an etcd lease that carries no other lock.
+// Acquire takes a lease (see Raft writes) and runs one transaction guarded
+// by "the lock key does not exist and the token is not dead" that puts the
+// owner token under the lock key, attached to the lease. The fence is the
+// revision of that put (the key's create revision): etcd's global revision
+// counter, which Raft replicates and every member keeps on disk, so it only
+// grows, across restarts and leader changes. A transaction that finds the
+// key held, or others queued for it, returns ErrLocked.
+//
+// Renew refreshes the lease (a keep-alive, not a Raft write) and then reads
+// the lock key: only a key still holding this owner's token on this owner's
+// lease counts as held, so a key deleted from outside while its lease lives
+// is reported as not held, not renewed. Release is one transaction guarded
+// by the owner's token (never a delete by key name: see etcd#22082) that
+// deletes the key and leaves a tombstone for the token (see Dead tokens).
+//
+// Waiters queue in the store, first come first served, across processes:
+// a waiter's watch (backend.Notifier) puts a queue record for it, ordered
+// by the revision at which an acquire of it first found the key held, and
+// attached to a lease of the watch's own that the etcd client keeps alive
+// (QueueTTL) and that is revoked when the watch ends. The acquire transaction of a queued waiter takes the key
+// only if its own record still exists and comes first, and deletes the
+// record as it takes the key; anyone else's acquire only when nobody
+// queues. Each release or expiry wakes one waiter, the one at the head; a
+// waiter that leaves without the key (its watch closed, its process dead,
+// its record's lease expired) passes its turn to the next. A waiter whose
+// record vanished while it waited is never granted the key from it (the
+// Jepsen etcd 3.4.3 finding): it queues again, at the back.
+//
+// # Raft writes
+//
+// A lease grant is a Raft write of its own, as costly as the transaction, so
+// the backend reuses leases: a released lock's lease goes back to a pool of
+// idle leases of its TTL, and the next acquisition with that TTL refreshes
+// one with a keep-alive, which is not a Raft write, before its transaction.
+// An acquisition thus costs one Raft write (two when no idle lease is at
+// hand: after a pause longer than the TTL, or with more locks held at once
+// than ever before), a contended attempt one, a release one, a renewal
+// none, and a wait four (the failed attempt, the queue record's lease and
+// put, and the revoke of that lease when the wait ends). The
+// keep-alive comes before the transaction and after the caller's
+// send time, so the store keeps the lock at least the TTL from the request,
+// however long the lease sat idle.
+//
+// A lease never carries two locks at once: one lease shared by several
+// locks would save more, but renewing one lock would then extend the
+// others, and a lock whose owner stopped renewing could outlive its TTL by
+// any amount. A lease joins the pool only when the store confirmed it
+// carries nothing: not after an acquire whose outcome is unknown (its
+// transaction may still arrive and attach a key; the release that undoes
+// it revokes the lease instead), nor with a refresh in flight or of unknown
+// outcome (a late one would extend the next lock). Idle leases beyond 64
+// per TTL are left to expire, as are those of a closed backend.
+//
+// # Guarantees
+//
+//	property                  | guarantee
+//	--------------------------|---------------------------------------------------------
+//	fence                     | the lock key's create revision: > 0, strictly
+//	                          | increasing per key and across keys, durable: etcd
+//	                          | commits it through Raft and fsyncs it before replying
+//	                          | (unless the cluster runs with --unsafe-no-fsync and a
+//	                          | machine, not a process, crashes)
+//	TTL granularity, minimum  | leases count whole seconds: a TTL is rounded up
+//	                          | (Grant.TTL says what the store enforces); the least is
+//	                          | 1s, or the cluster's minimum lease TTL, 1.5 election
+//	                          | timeouts rounded up to seconds (2s with etcd's
+//	                          | defaults), which the grant then reports
+//	earliest expiry           | never before the TTL from when the leader applied the
+//	                          | grant or keep-alive, which is after the request left
+//	latest expiry             | normally the rounded TTL plus up to 0.5s (the leader
+//	                          | looks for expired leases twice a second) plus a Raft
+//	                          | commit; a new leader restarts every lease's full TTL
+//	                          | plus one election timeout when it takes over. Declared:
+//	                          | 2 x TTL + 2s + 3 election timeouts + 0.6s
+//	                          | (see WithElectionTimeout)
+//	member failure            | a follower's failure changes nothing; the leader's
+//	                          | failure stalls requests for an election, and extends
+//	                          | leases as above; a lost quorum stalls everything, and
+//	                          | every holder's client deadline then passes (package
+//	                          | lock tells it the lock is lost)
+//	store restart             | locks, fences and tombstones survive (they are on disk);
+//	                          | leases restart their full TTL when the restarted
+//	                          | cluster elects a leader
+//	FIFO                      | yes, across processes, in the order the store first
+//	                          | found each waiter's acquire blocked; one wake-up per
+//	                          | release. A waiter dead at the head holds the queue up
+//	                          | until its record's lease expires (about QueueTTL)
+//
+// Leases expire by the leader's monotonic clock, so a stepped wall clock
+// changes nothing. Locks that expire at once are revoked at up to 1,000 a
+// second (etcd's revoke rate), so thousands expiring together can expire
+// later than declared.
+//
+// # Dead tokens
+//
+// A token is for one acquisition attempt. Release kills it, whether or not
+// it held the lock: the release transaction writes a tombstone key for the
+// token, under a lease of this backend that keeps it at least
+// DeadTokenTTL, and the acquire transaction refuses a token with a
+// tombstone (ErrInvalid). etcd runs concurrent requests in any order, and
+// package lock undoes an acquire it gave up on with a release that may
+// reach the leader first; the tombstone makes that late acquire fail
+// instead of taking the lock with nobody to release it, and lets a release
+// sent again after it took effect answer nil again. A release that finds
+// the key not held also revokes the lease of the token's acquire, if this
+// backend made it, so that a late acquire transaction finds no lease to
+// attach the key to. A request delayed longer than DeadTokenTTL can still
+// take the lock; it then expires after its TTL.
+//
+// # Keys
+//
+// Under the prefix (DefaultPrefix unless WithPrefix): k/KEY holds the owner
+// token of the lock on KEY, attached to its lease; t/TOKEN/KEY are
+// tombstones; q/LEN/KEY/ID are waiters' queue records (LEN is KEY's length
+// in bytes, so that no key's queue is a prefix of another's); c/KEY is
+// written by every acquire that finds KEY held, so that the revision of
+// that moment is its own, and lives as long as that attempt's lease. All
+// but the lock keys go by themselves; nothing in the store needs cleaning.
+//
+// # URLs
+//
+// etcd://host:port[,host:port...] and etcds://... (TLS with the system's
+// roots), with optional user:password@ for etcd authentication, and
+// parameters prefix (key prefix, default DefaultPrefix), dialtimeout (a Go
+// duration, default 5s) and electiontimeout (the cluster's election
+// timeout, default 1s; see WithElectionTimeout).
+package etcd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/distlock/lock/backend"
+)
+
+// DefaultPrefix is prepended to every key the backend writes.
+const DefaultPrefix = "lock/"
+
+// MinTTL is the shortest TTL the backend accepts: etcd leases count whole
+// seconds.
+const MinTTL = time.Second
+
+// DefaultElectionTimeout is etcd's default election timeout
+// (--election-timeout 1000).
+const DefaultElectionTimeout = time.Second
+
+// DeadTokenTTL is how long a released token stays dead at least (see Dead
+// tokens in the package doc): longer than a request can take on the wire or
+// in the leader's queue while its sender still waits for it. Tombstones
+// share a lease of twice this, replaced after this, so each lives between
+// DeadTokenTTL and twice that.
+const DeadTokenTTL = 15 * time.Second
+
+// Option configures a backend.
+type Option func(*options)
+
+type options struct {
+	prefix          string
+	electionTimeout time.Duration
+	closeClient     bool
+}
+
+func defaultOptions() options {
+	return options{prefix: DefaultPrefix, electionTimeout: DefaultElectionTimeout}
+}
+
+// WithPrefix sets the prefix of every key the backend writes. Default
+// DefaultPrefix. Backends that share locks must use the same prefix.
+func WithPrefix(p string) Option { return func(o *options) { o.prefix = p } }
+
+// WithElectionTimeout declares the cluster's election timeout (etcd's
+// --election-timeout; default DefaultElectionTimeout). It changes nothing
+// on the server: Capabilities uses it to bound how late a leader change may
+// expire a lock.
+func WithElectionTimeout(d time.Duration) Option {
+	return func(o *options) { o.electionTimeout = d }
+}
+
+// withCloseClient makes Close close the etcd client: for backends opened
+// from a URL, which own their client.
+func withCloseClient() Option { return func(o *options) { o.closeClient = true } }
+
+// Backend is the etcd backend. It implements backend.Backend,
+// backend.Notifier, backend.Describer and backend.Inspector.
+type Backend struct {
+	cli    *clientv3.Client
+	opts   options
+	leases *leases
+	tombs  tombLease
+	notify *notifier
+	closed atomic.Bool
+}
+
+var (
+	_ backend.Backend   = (*Backend)(nil)
+	_ backend.Notifier  = (*Backend)(nil)
+	_ backend.Describer = (*Backend)(nil)
+	_ backend.Inspector = (*Backend)(nil)
+)
+
+// ErrNoClient is returned by New for a nil client.
+var ErrNoClient = fmt.Errorf("%w: etcd: nil *clientv3.Client; pass a client made with clientv3.New", backend.ErrInvalid)
+
+// New returns a backend over cli. The backend does not close cli unless it
+// was opened from a URL; close the backend before the client.
+func New(cli *clientv3.Client, opts ...Option) (*Backend, error) {
+	if cli == nil {
+		return nil, ErrNoClient
+	}
+	o := defaultOptions()
+	for _, f := range opts {
+		if f != nil {
+			f(&o)
+		}
+	}
+	if o.electionTimeout <= 0 {
+		return nil, fmt.Errorf("%w: etcd: election timeout %v; want a positive duration, the cluster's --election-timeout", backend.ErrInvalid, o.electionTimeout)
+	}
+	b := &Backend{cli: cli, opts: o, leases: newLeases()}
+	b.tombs.sem = make(chan struct{}, 1)
+	b.notify = newNotifier(cli)
+	return b, nil
+}
+
+// lockKeyOf returns the etcd key of a lock.
+func (b *Backend) lockKeyOf(key string) string { return b.opts.prefix + "k/" + key }
+
+// tombKeyOf returns the etcd key of a dead token's tombstone.
+func (b *Backend) tombKeyOf(key, token string) string {
+	return b.opts.prefix + "t/" + token + "/" + key
+}
+
+// seconds converts a TTL to whole seconds, rounding up: the store never
+// expires a lock before the requested TTL.
+func seconds(ttl time.Duration) int64 {
+	return max(1, int64((ttl+time.Second-1)/time.Second))
+}
+
+func (b *Backend) check() error {
+	if b.closed.Load() {
+		return backend.ErrClosed
+	}
+	return nil
+}
+
+// storeErr wraps an error from etcd, whose outcome is unknown, so that
+// errors.Is reaches ctx's error when ctx ended and errors.As the client's.
+func storeErr(ctx context.Context, op string, err error) error {
+	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+		return fmt.Errorf("etcd: %s: %w (%w)", op, cerr, err)
+	}
+	return fmt.Errorf("etcd: %s: %w", op, err)
+}
+
+// errDead is returned for an acquire with a token released before.
+var errDead = fmt.Errorf("%w: etcd: acquire with a token that was released before; a token is for one acquisition", backend.ErrInvalid)
+
+// Acquire implements backend.Backend: a lease (an idle one of this backend,
+// refreshed, or a new one), then one transaction.
+func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
+	if err := b.check(); err != nil {
+		return backend.Grant{}, err
+	}
+	lk, tk := b.lockKeyOf(key), b.tombKeyOf(key, token)
+	secs := seconds(ttl)
+	id, refreshed, granted, err := b.lease(ctx, secs)
+	if err != nil {
+		return backend.Grant{}, storeErr(ctx, "acquire: lease", err)
+	}
+	// Besides the key and the token, the queue of waiters (see notifier):
+	// this backend's waiter must be at its head, anyone else find it
+	// empty. An attempt that fails writes a key of its own, so that the
+	// revision at which the store saw it wait is unique to it.
+	queue := b.notify.acquireGuard(lk, b.queuePrefix(key))
+	resp, err := b.cli.Txn(ctx).If(append([]clientv3.Cmp{
+		clientv3.Compare(clientv3.CreateRevision(lk), "=", 0),
+		clientv3.Compare(clientv3.CreateRevision(tk), "=", 0),
+	}, queue.cmps...)...).Then(append([]clientv3.Op{
+		clientv3.OpPut(lk, token, clientv3.WithLease(id)),
+	}, queue.ops...)...).Else(
+		clientv3.OpGet(tk, clientv3.WithCountOnly()),
+		clientv3.OpPut(b.contentionKeyOf(key), "", clientv3.WithLease(id)),
+	).Commit()
+	if err != nil {
+		// The key may be attached to the lease now or later: the
+		// release that package lock sends to undo this attempt finds
+		// the lease here and revokes it.
+		b.leases.attach(lk, token, id, secs, refreshed, true)
+		return backend.Grant{}, storeErr(ctx, "acquire", err)
+	}
+	if resp.Succeeded {
+		b.notify.took(queue)
+		b.leases.attach(lk, token, id, secs, refreshed, false)
+		return backend.Grant{Fence: uint64(resp.Header.Revision), TTL: granted}, nil
+	}
+	b.leases.idle(id, secs, refreshed) // the transaction attached nothing to it
+	if resp.Responses[0].GetResponseRange().Count > 0 {
+		return backend.Grant{}, errDead
+	}
+	// Held by another token (or by this one, if a client library sent the
+	// request again: the contract allows ErrLocked then), or others queue.
+	b.notify.lockedAt(lk, resp.Header.Revision)
+	return backend.Grant{}, backend.Locked(0)
+}
+
+// lease returns a lease of secs seconds for an acquisition, which the store
+// keeps at least secs seconds from when this call began: an idle lease of
+// this backend, refreshed with a keep-alive (not a Raft write), or else a
+// new one. It returns the lease, when its refresh was sent, and the TTL the
+// store enforces.
+func (b *Backend) lease(ctx context.Context, secs int64) (clientv3.LeaseID, time.Time, time.Duration, error) {
+	sent := time.Now()
+	if id := b.leases.take(secs); id != clientv3.NoLease {
+		ka, err := b.cli.KeepAliveOnce(ctx, id)
+		if err == nil {
+			return id, sent, time.Duration(ka.TTL) * time.Second, nil
+		}
+		if !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			// The refresh may still arrive, late: were the lease
+			// reused meanwhile, it would extend the next lock past
+			// its own refreshes. It holds nothing: let it expire.
+			return clientv3.NoLease, time.Time{}, 0, err
+		}
+		// Expired meanwhile: take a new one.
+	}
+	resp, err := b.cli.Grant(ctx, secs)
+	if err != nil {
+		return clientv3.NoLease, time.Time{}, 0, err
+	}
+	return resp.ID, sent, time.Duration(resp.TTL) * time.Second, nil
+}
+
+// revoke revokes lease id, best effort: a lease that is not revoked expires.
+func (b *Backend) revoke(ctx context.Context, id clientv3.LeaseID) {
+	_, _ = b.cli.Revoke(ctx, id)
+}
+
+// Renew implements backend.Backend: a keep-alive of the owner's lease, then
+// a read of the lock key to check that it is still the owner's.
+func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
+	if err := b.check(); err != nil {
+		return backend.Grant{}, err
+	}
+	lk := b.lockKeyOf(key)
+	h := b.leases.renewing(lk, token)
+	ok, unknown := false, false
+	sent := time.Now()
+	if h != nil {
+		defer func() { b.leases.renewed(h, sent, ok, unknown) }()
+	}
+	var id clientv3.LeaseID
+	if h != nil {
+		id = h.id
+	} else {
+		// A lock this backend did not acquire: find its lease.
+		resp, err := b.cli.Get(ctx, lk)
+		if err != nil {
+			return backend.Grant{}, storeErr(ctx, "renew", err)
+		}
+		if len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != token {
+			return backend.Grant{}, backend.ErrNotHeld
+		}
+		id = clientv3.LeaseID(resp.Kvs[0].Lease)
+	}
+	ka, err := b.cli.KeepAliveOnce(ctx, id)
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		b.leases.release(lk, token) // expired: nothing to reuse or revoke
+		return backend.Grant{}, backend.ErrNotHeld
+	}
+	if err != nil {
+		unknown = true
+		return backend.Grant{}, storeErr(ctx, "renew: keep-alive", err)
+	}
+	resp, err := b.cli.Get(ctx, lk)
+	if err != nil {
+		return backend.Grant{}, storeErr(ctx, "renew", err)
+	}
+	if len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != token || resp.Kvs[0].Lease != int64(id) {
+		// The key was deleted from outside (or taken over after that)
+		// while the lease lived: the lock is lost, and its lease of no
+		// use.
+		if h != nil {
+			b.leases.release(lk, token)
+		}
+		b.revoke(ctx, id)
+		return backend.Grant{}, backend.ErrNotHeld
+	}
+	if secs := seconds(ttl); ka.TTL < secs {
+		return backend.Grant{}, fmt.Errorf("%w: etcd: renew for %v, but the lock's lease has a TTL of %ds, fixed when it was acquired; renew with the TTL of the acquire", backend.ErrInvalid, ttl, ka.TTL)
+	}
+	ok = true
+	return backend.Grant{Fence: uint64(resp.Kvs[0].CreateRevision), TTL: time.Duration(ka.TTL) * time.Second}, nil
+}
+
+// Tombstone values: the token released the lock, or did not hold it.
+const (
+	tombReleased = "1"
+	tombNotHeld  = "0"
+)
+
+// Release implements backend.Backend: one transaction that deletes the key
+// if the token holds it and leaves the token's tombstone either way. The
+// lease goes back to the pool, or is revoked when it may still carry
+// something: a renewal in flight, or an acquire still on its way.
+func (b *Backend) Release(ctx context.Context, key, token string) error {
+	if err := b.check(); err != nil {
+		return err
+	}
+	lk, tk := b.lockKeyOf(key), b.tombKeyOf(key, token)
+	var resp *clientv3.TxnResponse
+	for attempt := 0; ; attempt++ {
+		tomb, err := b.tombs.get(ctx, b.cli)
+		if err != nil {
+			return storeErr(ctx, "release: tombstone lease", err)
+		}
+		resp, err = b.cli.Txn(ctx).If(
+			clientv3.Compare(clientv3.Value(lk), "=", token),
+		).Then(
+			clientv3.OpDelete(lk, clientv3.WithPrevKV()),
+			clientv3.OpPut(tk, tombReleased, clientv3.WithLease(tomb)),
+		).Else(
+			clientv3.OpTxn(
+				[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(tk), "=", 0)},
+				[]clientv3.Op{clientv3.OpPut(tk, tombNotHeld, clientv3.WithLease(tomb))},
+				[]clientv3.Op{clientv3.OpGet(tk)},
+			),
+		).Commit()
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) && attempt == 0 {
+			// The tombstone lease is gone (it expired while this
+			// backend stood idle past it, say); the transaction did
+			// nothing. Take a new one.
+			b.tombs.drop(tomb)
+			continue
+		}
+		if err != nil {
+			return storeErr(ctx, "release", err)
+		}
+		break
+	}
+	h, reusable := b.leases.release(lk, token)
+	if resp.Succeeded {
+		// The lease holds nothing now: reuse it, or revoke it when
+		// this backend did not acquire the lock or a renewal of it is
+		// in flight.
+		prev := resp.Responses[0].GetResponseDeleteRange().PrevKvs
+		switch {
+		case h != nil && reusable && len(prev) == 1 && prev[0].Lease == int64(h.id):
+			b.leases.idle(h.id, h.secs, h.refreshed)
+		case len(prev) == 1 && prev[0].Lease != 0:
+			b.revoke(ctx, clientv3.LeaseID(prev[0].Lease))
+		}
+		return nil
+	}
+	if h != nil {
+		// An acquire transaction still on its way must find no lease
+		// to attach the key to.
+		b.revoke(ctx, h.id)
+	}
+	inner := resp.Responses[0].GetResponseTxn()
+	if !inner.Succeeded {
+		if kvs := inner.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 && string(kvs[0].Value) == tombReleased {
+			return nil // released before: a release sent again
+		}
+	}
+	return backend.ErrNotHeld
+}
+
+// tombLease hands out the lease that tombstones are written under: one per
+// backend, replaced once it has lived DeadTokenTTL, so that each tombstone
+// lives between DeadTokenTTL and twice that.
+type tombLease struct {
+	sem     chan struct{} // held while granting; a channel so that waiting heeds ctx
+	mu      sync.Mutex
+	id      clientv3.LeaseID
+	granted time.Time // when the grant was sent
+}
+
+func (t *tombLease) current() clientv3.LeaseID {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.id != clientv3.NoLease && time.Since(t.granted) < DeadTokenTTL {
+		return t.id
+	}
+	return clientv3.NoLease
+}
+
+func (t *tombLease) get(ctx context.Context, cli *clientv3.Client) (clientv3.LeaseID, error) {
+	if id := t.current(); id != clientv3.NoLease {
+		return id, nil
+	}
+	select {
+	case t.sem <- struct{}{}:
+	case <-ctx.Done():
+		return clientv3.NoLease, ctx.Err()
+	}
+	defer func() { <-t.sem }()
+	if id := t.current(); id != clientv3.NoLease {
+		return id, nil // granted while this call waited
+	}
+	sent := time.Now()
+	resp, err := cli.Grant(ctx, int64(2*DeadTokenTTL/time.Second))
+	if err != nil {
+		return clientv3.NoLease, err
+	}
+	t.mu.Lock()
+	t.id, t.granted = resp.ID, sent
+	t.mu.Unlock()
+	return resp.ID, nil
+}
+
+// drop forgets id if it is the current tombstone lease.
+func (t *tombLease) drop(id clientv3.LeaseID) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.id == id {
+		t.id = clientv3.NoLease
+	}
+}
+
+// Inspect implements backend.Inspector: a read of the lock key and of its
+// lease's remaining TTL, in whole seconds rounded down.
+func (b *Backend) Inspect(ctx context.Context, key string) (backend.Holder, error) {
+	if err := b.check(); err != nil {
+		return backend.Holder{}, err
+	}
+	resp, err := b.cli.Get(ctx, b.lockKeyOf(key))
+	if err != nil {
+		return backend.Holder{}, storeErr(ctx, "inspect", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return backend.Holder{}, nil
+	}
+	kv := resp.Kvs[0]
+	h := backend.Holder{Held: true, Token: string(kv.Value), Fence: uint64(kv.CreateRevision)}
+	if kv.Lease != 0 {
+		ttl, err := b.cli.TimeToLive(ctx, clientv3.LeaseID(kv.Lease))
+		if err != nil {
+			return backend.Holder{}, storeErr(ctx, "inspect: lease", err)
+		}
+		h.Remaining = max(0, time.Duration(ttl.TTL)*time.Second)
+	}
+	return h, nil
+}
+
+// Capabilities implements backend.Describer.
+func (b *Backend) Capabilities() backend.Capabilities { return capabilities(b.opts) }
+
+func capabilities(o options) backend.Capabilities {
+	return backend.Capabilities{
+		MinTTL:      MinTTL,
+		Granularity: time.Second,
+		// A new leader restarts every lease's full (rounded) TTL, plus
+		// an election timeout, when it takes over, which can be just
+		// before the lease would have expired, an election or two after
+		// the old leader failed: 2 x the TTL rounded up to seconds (at
+		// most 2 x TTL + 2s), 3 election timeouts, and the leader's
+		// half-second scan for expired leases with the revoke's commit.
+		ExpiryFactor: 2,
+		ExpirySlack:  2*time.Second + 3*o.electionTimeout + 600*time.Millisecond,
+		DurableFence: true,
+		FIFO:         true,
+	}
+}
+
+// Close ends the backend's watches, deleting their queue records (it waits
+// up to a few seconds for a store that does not answer; records it cannot
+// delete expire after QueueTTL). It closes the etcd client only when the
+// backend was opened from a URL. It does not release held locks: their
+// leases expire, as do its idle leases.
+func (b *Backend) Close() error {
+	if !b.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	b.notify.close()
+	if b.opts.closeClient {
+		return b.cli.Close()
+	}
+	return nil
+}

@@ -1,0 +1,337 @@
+package etcd_test
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/etcd"
+)
+
+// newToken returns a token as package lock makes them.
+func newToken() string {
+	var b [16]byte
+	crand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// newBackend returns a backend over a new client of addr, both closed at the
+// end of the test.
+func newBackend(t *testing.T, addr string, opts ...etcd.Option) (*etcd.Backend, *clientv3.Client) {
+	t.Helper()
+	cli := newClient(t, addr)
+	b, err := etcd.New(cli, append([]etcd.Option{etcd.WithElectionTimeout(electionTimeout)}, opts...)...)
+	if err != nil {
+		t.Fatalf("etcd.New: %v", err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b, cli
+}
+
+func TestNewBadInput(t *testing.T) {
+	if _, err := etcd.New(nil); !errors.Is(err, backend.ErrInvalid) {
+		t.Errorf("New(nil): %v; want ErrInvalid", err)
+	}
+	srv := startEtcd(t)
+	cli := newClient(t, srv.Addr)
+	if _, err := etcd.New(cli, etcd.WithElectionTimeout(0)); !errors.Is(err, backend.ErrInvalid) {
+		t.Errorf("New with election timeout 0: %v; want ErrInvalid", err)
+	}
+	b, _ := newBackend(t, srv.Addr)
+	b.Close()
+	ctx := ctxFor(t)
+	if _, err := b.Acquire(ctx, "k", newToken(), time.Second); !errors.Is(err, backend.ErrClosed) {
+		t.Errorf("Acquire after Close: %v; want ErrClosed", err)
+	}
+	if _, err := b.Watch(ctx, "k"); !errors.Is(err, backend.ErrClosed) {
+		t.Errorf("Watch after Close: %v; want ErrClosed", err)
+	}
+}
+
+// A key deleted from outside while its lease lives is lost: Renew reports
+// it not held, and does not put it back.
+func TestRenewKeyDeletedOutside(t *testing.T) {
+	srv := startEtcd(t)
+	b, cli := newBackend(t, srv.Addr)
+	ctx := ctxFor(t)
+	tok := newToken()
+	if _, err := b.Acquire(ctx, "k", tok, 10*time.Second); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if _, err := cli.Delete(ctx, etcd.DefaultPrefix+"k/k"); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+	if _, err := b.Renew(ctx, "k", tok, 10*time.Second); !errors.Is(err, backend.ErrNotHeld) {
+		t.Fatalf("Renew of a key deleted from outside: %v; want ErrNotHeld", err)
+	}
+	if h, err := b.Inspect(ctx, "k"); err != nil || h.Held {
+		t.Fatalf("Inspect after the renew: %+v, %v; want free", h, err)
+	}
+	// Nor does a renew after a successor took the key touch it.
+	other := newToken()
+	g, err := b.Acquire(ctx, "k", other, 10*time.Second)
+	if err != nil {
+		t.Fatalf("Acquire by a successor: %v", err)
+	}
+	if _, err := b.Renew(ctx, "k", tok, 10*time.Second); !errors.Is(err, backend.ErrNotHeld) {
+		t.Fatalf("Renew by the old owner: %v; want ErrNotHeld", err)
+	}
+	if h, err := b.Inspect(ctx, "k"); err != nil || h.Token != other || h.Fence != g.Fence {
+		t.Fatalf("Inspect: %+v, %v; want the successor's token and fence %d", h, err, g.Fence)
+	}
+}
+
+// A released token is dead: an acquire with it arriving after its release
+// (package lock's undo overtook it) takes nothing, and a release sent
+// again answers as the first did.
+func TestDeadToken(t *testing.T) {
+	srv := startEtcd(t)
+	b, _ := newBackend(t, srv.Addr)
+	ctx := ctxFor(t)
+
+	early := newToken()
+	if err := b.Release(ctx, "k", early); !errors.Is(err, backend.ErrNotHeld) {
+		t.Fatalf("Release of a token that never held the key: %v; want ErrNotHeld", err)
+	}
+	if _, err := b.Acquire(ctx, "k", early, time.Second); !errors.Is(err, backend.ErrInvalid) {
+		t.Fatalf("Acquire arriving after its undo: %v; want ErrInvalid", err)
+	}
+	if err := b.Release(ctx, "k", early); !errors.Is(err, backend.ErrNotHeld) {
+		t.Fatalf("the undo sent again: %v; want ErrNotHeld", err)
+	}
+
+	tok := newToken()
+	if _, err := b.Acquire(ctx, "k", tok, time.Second); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if err := b.Release(ctx, "k", newToken()); !errors.Is(err, backend.ErrNotHeld) {
+		t.Fatalf("Release by another token: %v; want ErrNotHeld", err)
+	}
+	for i := range 2 {
+		if err := b.Release(ctx, "k", tok); err != nil {
+			t.Fatalf("Release %d: %v; want nil", i+1, err)
+		}
+	}
+	if _, err := b.Acquire(ctx, "k", tok, time.Second); !errors.Is(err, backend.ErrInvalid) {
+		t.Fatalf("Acquire with a released token: %v; want ErrInvalid", err)
+	}
+	if h, err := b.Inspect(ctx, "k"); err != nil || h.Held {
+		t.Fatalf("Inspect: %+v, %v; want free", h, err)
+	}
+}
+
+// raftIndex returns the member's Raft index: it counts the Raft writes.
+func raftIndex(ctx context.Context, t *testing.T, cli *clientv3.Client) uint64 {
+	t.Helper()
+	st, err := cli.Status(ctx, cli.Endpoints()[0])
+	if err != nil {
+		t.Fatalf("Status: %v", err)
+	}
+	return st.RaftIndex
+}
+
+// One Raft write per acquisition, one per release, one per contended
+// attempt, none per renewal, once the backend has an idle lease.
+func TestRaftWrites(t *testing.T) {
+	srv := startEtcd(t)
+	b, cli := newBackend(t, srv.Addr)
+	other, _ := newBackend(t, srv.Addr)
+	ctx := ctxFor(t)
+	cycle := func(b *etcd.Backend) string {
+		tok := newToken()
+		if _, err := b.Acquire(ctx, "k", tok, 5*time.Second); err != nil {
+			t.Fatalf("Acquire: %v", err)
+		}
+		return tok
+	}
+	// Warm up: the first acquisitions grant leases, the first release
+	// the tombstones' lease.
+	for _, x := range []*etcd.Backend{b, other} {
+		if err := x.Release(ctx, "k", cycle(x)); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+	}
+	const n = 20
+	before := raftIndex(ctx, t, cli)
+	for range n {
+		tok := cycle(b)
+		if _, err := b.Renew(ctx, "k", tok, 5*time.Second); err != nil {
+			t.Fatalf("Renew: %v", err)
+		}
+		if _, err := other.Acquire(ctx, "k", newToken(), 5*time.Second); !errors.Is(err, backend.ErrLocked) {
+			t.Fatalf("Acquire of a held key: %v; want ErrLocked", err)
+		}
+		if err := b.Release(ctx, "k", tok); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+	}
+	if writes := raftIndex(ctx, t, cli) - before; writes > 3*n {
+		t.Errorf("%d Raft writes for %d acquisitions, renewals, contended attempts and releases; want %d (one per acquisition, attempt and release)", writes, n, 3*n)
+	} else {
+		t.Logf("%d Raft writes for %d cycles", writes, n)
+	}
+}
+
+// A lease reused late in its idle life still keeps the lock the full TTL
+// from the request: the backend refreshes it before the transaction.
+func TestReusedLeaseExpiryNotEarly(t *testing.T) {
+	srv := startEtcd(t)
+	b, cli := newBackend(t, srv.Addr)
+	watcher, _ := newBackend(t, srv.Addr)
+	ctx := ctxFor(t)
+	const ttl = 2 * time.Second
+	tok := newToken()
+	if _, err := b.Acquire(ctx, "k", tok, ttl); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if err := b.Release(ctx, "k", tok); err != nil { // the lease goes idle
+		t.Fatalf("Release: %v", err)
+	}
+	idleSince := time.Now()
+	// Let the idle lease age close to the end of its TTL, as long as the
+	// backend still reuses it (its margin is 200ms for a 2s TTL).
+	time.Sleep(ttl - 400*time.Millisecond)
+	before := raftIndex(ctx, t, cli)
+	sent := time.Now()
+	if _, err := b.Acquire(ctx, "k", newToken(), ttl); err != nil {
+		t.Fatalf("Acquire on an aged idle lease: %v", err)
+	}
+	if writes := raftIndex(ctx, t, cli) - before; writes != 1 {
+		t.Fatalf("%d Raft writes for the acquisition; want 1 (the idle lease reused): the case tests nothing", writes)
+	}
+	for {
+		_, err := watcher.Acquire(ctx, "k", newToken(), ttl)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, backend.ErrLocked) {
+			t.Fatalf("Acquire by another backend: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond) // poll until the lock expires
+	}
+	if held := time.Since(sent); held < ttl {
+		t.Fatalf("the lock on a lease idle for %v expired %v after the acquire was sent; want at least its TTL %v", sent.Sub(idleSince).Round(time.Millisecond), held.Round(time.Millisecond), ttl)
+	}
+}
+
+// Fences are revisions: a restart keeps the lock, its fence and the
+// revision counter, and the next holder's fence is greater.
+func TestFenceAcrossRestart(t *testing.T) {
+	srv := startEtcd(t)
+	ctx := ctxFor(t)
+	b, _ := newBackend(t, srv.Addr)
+	tok := newToken()
+	g, err := b.Acquire(ctx, "k", tok, 30*time.Second)
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	srv.Restart() // kill -9, same data directory
+	b2, _ := newBackend(t, srv.Addr)
+	h, err := b2.Inspect(ctx, "k")
+	if err != nil || !h.Held || h.Token != tok || h.Fence != g.Fence {
+		t.Fatalf("Inspect after a restart: %+v, %v; want held by %s with fence %d", h, err, tok, g.Fence)
+	}
+	if _, err := b2.Acquire(ctx, "k", newToken(), time.Second); !errors.Is(err, backend.ErrLocked) {
+		t.Fatalf("Acquire of the lock held before the restart: %v; want ErrLocked", err)
+	}
+	if err := b.Release(ctx, "k", tok); err != nil { // the old client reconnects
+		t.Fatalf("Release after the restart: %v", err)
+	}
+	g2, err := b2.Acquire(ctx, "k", newToken(), time.Second)
+	if err != nil {
+		t.Fatalf("Acquire after the release: %v", err)
+	}
+	if g2.Fence <= g.Fence {
+		t.Fatalf("fence %d after a restart; %d before: want strictly increasing", g2.Fence, g.Fence)
+	}
+}
+
+// A watch wakes its waiter when the holder's lease expires, not only on a
+// release.
+func TestWatchWakesOnExpiry(t *testing.T) {
+	srv := startEtcd(t)
+	b, _ := newBackend(t, srv.Addr)
+	ctx := ctxFor(t)
+	sent := time.Now()
+	if _, err := b.Acquire(ctx, "k", newToken(), time.Second); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	w, err := b.Watch(ctx, "k")
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	defer w.Close(false)
+	bound := b.Capabilities().LatestExpiry(time.Second)
+	select {
+	case <-w.C():
+	case <-time.After(bound + time.Second):
+		t.Fatalf("no wake-up within %v of an acquire with TTL 1s", bound+time.Second)
+	}
+	if d := time.Since(sent); d < time.Second {
+		t.Errorf("woken %v after the acquire, before its TTL", d)
+	}
+	if _, err := b.Acquire(ctx, "k", newToken(), time.Second); err != nil {
+		t.Errorf("Acquire after the wake-up: %v", err)
+	}
+}
+
+// Setting a watch up on a store that does not answer gives up with the
+// caller's context, and leaves nothing running.
+func TestWatchStoreHangs(t *testing.T) {
+	srv := startEtcd(t)
+	b, _ := newBackend(t, srv.Addr)
+	ctx := ctxFor(t)
+	if _, err := b.Inspect(ctx, "k"); err != nil { // connected
+		t.Fatalf("Inspect: %v", err)
+	}
+	srv.Stop()
+	defer srv.Continue()
+	wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if _, err := b.Watch(wctx, "k"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Watch while the store hangs: %v; want context.DeadlineExceeded", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("Watch returned after %v; its context ended after 200ms", d)
+	}
+}
+
+// A backend can renew and release a lock another backend acquired (a tool
+// acting for its owner), by its token; the acquiring backend then finds
+// it released.
+func TestForeignRenewRelease(t *testing.T) {
+	srv := startEtcd(t)
+	a, _ := newBackend(t, srv.Addr)
+	b, _ := newBackend(t, srv.Addr)
+	ctx := ctxFor(t)
+	tok := newToken()
+	g, err := a.Acquire(ctx, "k", tok, 5*time.Second)
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if r, err := b.Renew(ctx, "k", tok, 5*time.Second); err != nil || r.Fence != g.Fence {
+		t.Fatalf("Renew by another backend: %+v, %v; want fence %d", r, err, g.Fence)
+	}
+	if _, err := b.Renew(ctx, "k", newToken(), 5*time.Second); !errors.Is(err, backend.ErrNotHeld) {
+		t.Fatalf("Renew by another backend with another token: %v; want ErrNotHeld", err)
+	}
+	if err := b.Release(ctx, "k", tok); err != nil {
+		t.Fatalf("Release by another backend: %v", err)
+	}
+	if _, err := a.Renew(ctx, "k", tok, 5*time.Second); !errors.Is(err, backend.ErrNotHeld) {
+		t.Fatalf("Renew by the acquiring backend after the release: %v; want ErrNotHeld", err)
+	}
+	if err := a.Release(ctx, "k", tok); err != nil {
+		t.Fatalf("Release by the acquiring backend, sent again: %v; want nil", err)
+	}
+	if _, err := a.Acquire(ctx, "k", newToken(), 5*time.Second); err != nil {
+		t.Fatalf("Acquire after the release: %v", err)
+	}
+}

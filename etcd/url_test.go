@@ -1,0 +1,62 @@
+package etcd_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/distlock/lock"
+	_ "github.com/distlock/lock/etcd"
+)
+
+func TestOpenURL(t *testing.T) {
+	srv := startEtcd(t)
+	ctx := ctxFor(t)
+	u := "etcd://" + srv.Addr + "," + srv.Addr + "?prefix=app/&dialtimeout=2s&electiontimeout=100ms&ttl=5s"
+	locks, err := lock.Open(ctx, u)
+	if err != nil {
+		t.Fatalf("Open(%q): %v", u, err)
+	}
+	l, err := locks.TryAcquire(ctx, "k")
+	if err != nil {
+		t.Fatalf("TryAcquire: %v", err)
+	}
+	if l.TTL().Seconds() != 5 {
+		t.Errorf("TTL %v; want 5s from the URL", l.TTL())
+	}
+	resp, err := newClient(t, srv.Addr).Get(ctx, "app/k/k")
+	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != l.Token() {
+		t.Errorf("the lock is not under the URL's prefix app/: %v, %v", resp, err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Errorf("Release: %v", err)
+	}
+	if err := locks.Close(); err != nil { // closes the client the URL made
+		t.Errorf("Close: %v", err)
+	}
+}
+
+func TestOpenBadURL(t *testing.T) {
+	ctx := ctxFor(t)
+	bad := []struct{ url, want string }{
+		{"etcd://", "names no endpoint"},
+		{"etcd://127.0.0.1:2379,,127.0.0.1:2380", `endpoint "" in`},
+		{"etcd://localhost", "is not host:port"},
+		{"etcd://127.0.0.1:2379/app", "the key prefix is the parameter prefix"},
+		{"etcd://127.0.0.1:2379?dialtimeout=soon", "positive Go duration"},
+		{"etcd://127.0.0.1:2379?electiontimeout=-1s", "positive Go duration"},
+		{"etcd://127.0.0.1:2379?prefix=a&prefix=b", "given 2 times"},
+		{"etcd://127.0.0.1:2379?colour=red", "valid: autorenew, dialtimeout, drift, electiontimeout, maxhold, prefix, ttl"},
+	}
+	for _, tc := range bad {
+		c, err := lock.Open(ctx, tc.url)
+		if err == nil {
+			c.Close()
+			t.Errorf("Open(%q) succeeded", tc.url)
+			continue
+		}
+		if !errors.Is(err, lock.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Open(%q): %v; want ErrInvalid mentioning %q", tc.url, err, tc.want)
+		}
+	}
+}
