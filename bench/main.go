@@ -356,10 +356,14 @@ func main() {
 	hotDur := flag.Duration("hot", 3*time.Second, "length of one hot-key measurement")
 	only := flag.String("only", "", "comma-separated scenarios to run: one,own,hot (default all)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
-	store := flag.String("store", "redis", "the store to measure: redis (this library beside redislock, redsync and the floors) or consul (beside api.Lock)")
+	store := flag.String("store", "redis", "the store to measure: redis (this library beside redislock, redsync and the floors), consul (beside api.Lock) or etcd (beside concurrency.Mutex)")
 	flag.Parse()
-	if *store == "consul" {
+	switch *store {
+	case "consul":
 		runConsul(*rounds, *dur, *hotDur)
+		return
+	case "etcd":
+		runEtcd(*rounds, *dur, *hotDur)
 		return
 	}
 	if *cpuprofile != "" {

@@ -1,0 +1,217 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+
+	"github.com/distlock/lock"
+	locketcd "github.com/distlock/lock/etcd"
+)
+
+// The etcd table: this library's etcd backend beside
+// go.etcd.io/etcd/client/v3/concurrency.Mutex, on one embedded etcd server
+// this program starts (fsync on), in one run.
+//
+//	cd bench && go run . -store etcd
+//
+// Scenarios as for Consul; requests per section are the gRPC calls the
+// clients made (counted by an interceptor) per section.
+
+type etcdPeer struct {
+	name string
+	new  func(cli *clientv3.Client) locker
+}
+
+var etcdPeers = []etcdPeer{
+	{"lock", newEtcdLock},
+	{"concurrency.Mutex, session per goroutine", newMutexShared},
+	{"concurrency.Mutex, session per lock", newMutexOwn},
+}
+
+const etcdTTL = 10 * time.Second
+
+func newEtcdLock(cli *clientv3.Client) locker {
+	b, err := locketcd.New(cli)
+	if err != nil {
+		fatal(err)
+	}
+	c, err := lock.New(b, lock.WithTTL(etcdTTL))
+	if err != nil {
+		fatal(err)
+	}
+	return lockPeer{c}
+}
+
+// mutexPeer runs concurrency.Mutex; with shared sessions each lock uses a
+// session from a free list (one per goroutine at a time, kept alive by the
+// client), else a session is created and closed per lock.
+type mutexPeer struct {
+	cli      *clientv3.Client
+	shared   bool
+	mu       sync.Mutex
+	sessions []*concurrency.Session
+}
+
+func newMutexShared(cli *clientv3.Client) locker { return &mutexPeer{cli: cli, shared: true} }
+func newMutexOwn(cli *clientv3.Client) locker    { return &mutexPeer{cli: cli} }
+
+func (p *mutexPeer) session() (*concurrency.Session, error) {
+	if p.shared {
+		p.mu.Lock()
+		if n := len(p.sessions); n > 0 {
+			s := p.sessions[n-1]
+			p.sessions = p.sessions[:n-1]
+			p.mu.Unlock()
+			return s, nil
+		}
+		p.mu.Unlock()
+	}
+	return concurrency.NewSession(p.cli, concurrency.WithTTL(int(etcdTTL/time.Second)))
+}
+
+func (p *mutexPeer) done(s *concurrency.Session) {
+	if !p.shared {
+		s.Close()
+		return
+	}
+	p.mu.Lock()
+	p.sessions = append(p.sessions, s)
+	p.mu.Unlock()
+}
+
+func (p *mutexPeer) lock(ctx context.Context, key string, try bool) (func(context.Context) error, error) {
+	s, err := p.session()
+	if err != nil {
+		return nil, err
+	}
+	m := concurrency.NewMutex(s, "/"+key)
+	if try {
+		err = m.TryLock(ctx)
+	} else {
+		err = m.Lock(ctx)
+	}
+	if err != nil {
+		p.done(s)
+		return nil, err
+	}
+	return func(ctx context.Context) error {
+		err := m.Unlock(ctx)
+		p.done(s)
+		return err
+	}, nil
+}
+
+func (p *mutexPeer) try(ctx context.Context, key string) (func(context.Context) error, error) {
+	return p.lock(ctx, key, true)
+}
+
+func (p *mutexPeer) wait(ctx context.Context, key string) (func(context.Context) error, error) {
+	return p.lock(ctx, key, false)
+}
+
+// startEtcd starts an embedded one-member etcd with fsync on.
+func startEtcd() (string, func()) {
+	dir, err := os.MkdirTemp("", "lockbench-etcd")
+	if err != nil {
+		fatal(err)
+	}
+	cfg := embed.NewConfig()
+	cfg.Dir = dir
+	cfg.LogLevel = "error"
+	cu, _ := url.Parse("http://127.0.0.1:0")
+	pu, _ := url.Parse("http://127.0.0.1:0")
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
+	cfg.InitialCluster = cfg.Name + "=" + pu.String()
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		fatal(err)
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+	case <-time.After(time.Minute):
+		fatal(fmt.Errorf("embedded etcd not ready within a minute"))
+	}
+	return e.Clients[0].Addr().String(), func() { e.Close(); os.RemoveAll(dir) }
+}
+
+// etcdClient returns a client of addr counting its gRPC calls in n.
+func etcdClient(addr string, n *atomic.Int64) *clientv3.Client {
+	count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		n.Add(1)
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	countStream := func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		n.Add(1) // a stream opened counts once (lease keep-alives and watches share long-lived streams)
+		return streamer(ctx, desc, cc, method, opts...)
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   []string{addr},
+		DialTimeout: 5 * time.Second,
+		Logger:      zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(count), grpc.WithChainStreamInterceptor(countStream)},
+	})
+	if err != nil {
+		fatal(err)
+	}
+	return cli
+}
+
+// runEtcd prints the etcd table.
+func runEtcd(rounds int, dur, hotDur time.Duration) {
+	addr, stop := startEtcd()
+	defer stop()
+	fmt.Printf("embedded etcd %s (fsync on), %d rounds, GOMAXPROCS %d\n\n", addr, rounds, runtimeProcs())
+	type state struct {
+		one, shared, sep, sepReqs []float64
+		l                         locker
+		sepLockers                []locker
+		sepN                      *atomic.Int64
+	}
+	states := make([]*state, len(etcdPeers))
+	for i, p := range etcdPeers {
+		st := &state{sepN: &atomic.Int64{}}
+		st.l = p.new(etcdClient(addr, &atomic.Int64{}))
+		for range 16 {
+			st.sepLockers = append(st.sepLockers, p.new(etcdClient(addr, st.sepN)))
+		}
+		states[i] = st
+		cycles(st.l, 1, 200*time.Millisecond) // warm up
+	}
+	for r := 0; r < rounds; r++ {
+		for k := range etcdPeers {
+			i := (k + r) % len(etcdPeers)
+			st := states[i]
+			st.one = append(st.one, cycles(st.l, 1, dur))
+			u, _, _ := hot(st.l, &counter{}, hotDur)
+			st.shared = append(st.shared, u)
+			u2, q2 := hotSeparate(st.sepLockers, st.sepN, hotDur)
+			st.sep, st.sepReqs = append(st.sep, u2), append(st.sepReqs, q2)
+			fmt.Fprintf(os.Stderr, "round %d/%d: %s done\n", r+1, rounds, etcdPeers[i].name)
+		}
+	}
+	fmt.Println("| peer | one goroutine, cycles/s | hot key, one client: utilisation | hot key, 16 clients: utilisation | 16 clients: requests per section |")
+	fmt.Println("|---|---|---|---|---|")
+	med := make([][4]float64, len(etcdPeers))
+	for i, p := range etcdPeers {
+		st := states[i]
+		med[i] = [4]float64{median(st.one), median(st.shared), median(st.sep), median(st.sepReqs)}
+		fmt.Printf("| %s | %.0f | %.1f%% | %.1f%% | %.1f |\n", p.name, med[i][0], med[i][1], med[i][2], med[i][3])
+	}
+	fmt.Println()
+	fmt.Printf("lock / Mutex (session per goroutine), one goroutine: %.2fx (target 1.0x)\n", med[0][0]/med[1][0])
+	fmt.Printf("lock / Mutex (session per lock), one goroutine: %.2fx (target 2x)\n", med[0][0]/med[2][0])
+	fmt.Printf("hot key utilisation, one client: lock / Mutex %.2fx (target 1.5x)\n", med[0][1]/max(med[1][1], med[2][1]))
+	fmt.Printf("hot key utilisation, 16 clients: lock / Mutex %.2fx (target 1.5x); lock's requests per section %.1f (target <= 3)\n", med[0][2]/max(med[1][2], med[2][2]), med[0][3])
+}
