@@ -255,49 +255,67 @@ func runConsul(rounds int, dur, hotDur time.Duration) {
 	defer stop()
 	waitConsul(addr)
 	fmt.Printf("consul agent %s (server, data dir), %d rounds, GOMAXPROCS %d\n\n", addr, rounds, runtimeProcs())
-	type state struct {
-		one, shared, sep    []float64
-		sharedReqs, sepReqs []float64
-		l                   locker
-		n                   *atomic.Int64
-		sepLockers          []locker
-		sepN                *atomic.Int64
-	}
-	states := make([]*state, len(consulPeers))
+	peers := make([]networkedPeer, len(consulPeers))
 	for i, p := range consulPeers {
-		st := &state{n: &atomic.Int64{}, sepN: &atomic.Int64{}}
-		st.l = p.new(consulClient(addr, st.n))
+		peers[i] = networkedPeer{p.name, func(n *atomic.Int64) locker { return p.new(consulClient(addr, n)) }}
+	}
+	med := runNetworked(peers, rounds, dur, hotDur)
+	fmt.Printf("lock / api.Lock (session per goroutine), one goroutine: %.2fx (target 1.0x)\n", med[0][0]/med[1][0])
+	fmt.Printf("lock / api.Lock (session per lock), one goroutine: %.2fx (target 1.5x)\n", med[0][0]/med[2][0])
+	fmt.Printf("hot key utilisation, one client: lock / api.Lock %.2fx (target 3x)\n", med[0][1]/max(med[1][1], med[2][1]))
+	fmt.Printf("hot key utilisation, 16 clients: lock / api.Lock %.2fx (target 3x)\n", med[0][2]/max(med[1][2], med[2][2]))
+}
+
+// networkedPeer makes a locker over a new client of a networked store,
+// counting the client's requests in n.
+type networkedPeer struct {
+	name string
+	new  func(n *atomic.Int64) locker
+}
+
+// runNetworked measures peers in interleaved rounds (one goroutine; the hot
+// key through one shared client and through 16 separate clients), prints
+// the table, and returns each peer's medians: cycles/s, utilisation with
+// one client, utilisation with 16 clients, requests per section with 16.
+func runNetworked(peers []networkedPeer, rounds int, dur, hotDur time.Duration) [][4]float64 {
+	type state struct {
+		one, shared, sep, sepReqs []float64
+		l                         locker
+		sepLockers                []locker
+		sepN                      *atomic.Int64
+	}
+	states := make([]*state, len(peers))
+	for i, p := range peers {
+		st := &state{sepN: &atomic.Int64{}}
+		st.l = p.new(&atomic.Int64{})
 		for range 16 {
-			st.sepLockers = append(st.sepLockers, p.new(consulClient(addr, st.sepN)))
+			st.sepLockers = append(st.sepLockers, p.new(st.sepN))
 		}
 		states[i] = st
 		cycles(st.l, 1, 200*time.Millisecond) // warm up
 	}
 	for r := 0; r < rounds; r++ {
-		for k := range consulPeers {
-			i := (k + r) % len(consulPeers)
+		for k := range peers {
+			i := (k + r) % len(peers)
 			st := states[i]
 			st.one = append(st.one, cycles(st.l, 1, dur))
 			u, _, _ := hot(st.l, &counter{}, hotDur)
 			st.shared = append(st.shared, u)
 			u2, q2 := hotSeparate(st.sepLockers, st.sepN, hotDur)
 			st.sep, st.sepReqs = append(st.sep, u2), append(st.sepReqs, q2)
-			fmt.Fprintf(os.Stderr, "round %d/%d: %s done\n", r+1, rounds, consulPeers[i].name)
+			fmt.Fprintf(os.Stderr, "round %d/%d: %s done\n", r+1, rounds, peers[i].name)
 		}
 	}
 	fmt.Println("| peer | one goroutine, cycles/s | hot key, one client: utilisation | hot key, 16 clients: utilisation | 16 clients: requests per section |")
 	fmt.Println("|---|---|---|---|---|")
-	med := make([][4]float64, len(consulPeers))
-	for i, p := range consulPeers {
+	med := make([][4]float64, len(peers))
+	for i, p := range peers {
 		st := states[i]
 		med[i] = [4]float64{median(st.one), median(st.shared), median(st.sep), median(st.sepReqs)}
 		fmt.Printf("| %s | %.0f | %.1f%% | %.1f%% | %.1f |\n", p.name, med[i][0], med[i][1], med[i][2], med[i][3])
 	}
 	fmt.Println()
-	fmt.Printf("lock / api.Lock (session per goroutine), one goroutine: %.2fx (target 1.0x)\n", med[0][0]/med[1][0])
-	fmt.Printf("lock / api.Lock (session per lock), one goroutine: %.2fx (target 1.5x)\n", med[0][0]/med[2][0])
-	fmt.Printf("hot key utilisation, one client: lock / api.Lock %.2fx (target 3x)\n", med[0][1]/max(med[1][1], med[2][1]))
-	fmt.Printf("hot key utilisation, 16 clients: lock / api.Lock %.2fx (target 3x)\n", med[0][2]/max(med[1][2], med[2][2]))
+	return med
 }
 
 // waitConsul waits until the agent has a leader and its node is registered.

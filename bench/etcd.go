@@ -173,43 +173,11 @@ func runEtcd(rounds int, dur, hotDur time.Duration) {
 	addr, stop := startEtcd()
 	defer stop()
 	fmt.Printf("embedded etcd %s (fsync on), %d rounds, GOMAXPROCS %d\n\n", addr, rounds, runtimeProcs())
-	type state struct {
-		one, shared, sep, sepReqs []float64
-		l                         locker
-		sepLockers                []locker
-		sepN                      *atomic.Int64
-	}
-	states := make([]*state, len(etcdPeers))
+	peers := make([]networkedPeer, len(etcdPeers))
 	for i, p := range etcdPeers {
-		st := &state{sepN: &atomic.Int64{}}
-		st.l = p.new(etcdClient(addr, &atomic.Int64{}))
-		for range 16 {
-			st.sepLockers = append(st.sepLockers, p.new(etcdClient(addr, st.sepN)))
-		}
-		states[i] = st
-		cycles(st.l, 1, 200*time.Millisecond) // warm up
+		peers[i] = networkedPeer{p.name, func(n *atomic.Int64) locker { return p.new(etcdClient(addr, n)) }}
 	}
-	for r := 0; r < rounds; r++ {
-		for k := range etcdPeers {
-			i := (k + r) % len(etcdPeers)
-			st := states[i]
-			st.one = append(st.one, cycles(st.l, 1, dur))
-			u, _, _ := hot(st.l, &counter{}, hotDur)
-			st.shared = append(st.shared, u)
-			u2, q2 := hotSeparate(st.sepLockers, st.sepN, hotDur)
-			st.sep, st.sepReqs = append(st.sep, u2), append(st.sepReqs, q2)
-			fmt.Fprintf(os.Stderr, "round %d/%d: %s done\n", r+1, rounds, etcdPeers[i].name)
-		}
-	}
-	fmt.Println("| peer | one goroutine, cycles/s | hot key, one client: utilisation | hot key, 16 clients: utilisation | 16 clients: requests per section |")
-	fmt.Println("|---|---|---|---|---|")
-	med := make([][4]float64, len(etcdPeers))
-	for i, p := range etcdPeers {
-		st := states[i]
-		med[i] = [4]float64{median(st.one), median(st.shared), median(st.sep), median(st.sepReqs)}
-		fmt.Printf("| %s | %.0f | %.1f%% | %.1f%% | %.1f |\n", p.name, med[i][0], med[i][1], med[i][2], med[i][3])
-	}
-	fmt.Println()
+	med := runNetworked(peers, rounds, dur, hotDur)
 	fmt.Printf("lock / Mutex (session per goroutine), one goroutine: %.2fx (target 1.0x)\n", med[0][0]/med[1][0])
 	fmt.Printf("lock / Mutex (session per lock), one goroutine: %.2fx (target 2x)\n", med[0][0]/med[2][0])
 	fmt.Printf("hot key utilisation, one client: lock / Mutex %.2fx (target 1.5x)\n", med[0][1]/max(med[1][1], med[2][1]))
