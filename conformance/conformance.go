@@ -69,9 +69,11 @@
 // acquire or renew.
 //
 // The hooks act on the network between the client and the store: run each
-// backend's connections through a conformance/faultproxy.Proxy and the hooks
-// are a few lines each (see redis/conformance_test.go and
-// memory/netstore in this module). Disconnect holds every byte in both
+// backend's connections through a conformance/faultproxy.Proxy and embed a
+// faultproxy.Hooks in the harness: it turns each backend's proxies into
+// Disconnect, Reconnect and the ReplyHolder hooks (see
+// memory/netstore/conformance_test.go in this module, a whole harness in
+// under 100 lines). Disconnect holds every byte in both
 // directions, on the connections open now and on new ones, without closing
 // anything, until Reconnect delivers what was held (Proxy.Cut and
 // Proxy.Heal). The suite uses Pauser only where the harness has no

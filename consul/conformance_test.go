@@ -3,7 +3,6 @@ package consul_test
 import (
 	"context"
 	"net/http"
-	"sync"
 	"testing"
 
 	"github.com/hashicorp/consul/api"
@@ -23,10 +22,9 @@ func TestMain(m *testing.M) {
 // harness is one Consul server agent; every backend reaches it through a
 // fault proxy of its own, so that one client can be cut off.
 type harness struct {
+	faultproxy.Hooks
 	t     *testing.T
 	agent *consultest.Agent
-	mu    sync.Mutex
-	px    map[backend.Backend]*faultproxy.Proxy
 }
 
 var (
@@ -62,8 +60,9 @@ func newBackend(t testing.TB, addr string, opts ...consul.Option) (*owns, *api.C
 // the exit of its process would.
 type owns struct {
 	*consul.Backend
-	tr *http.Transport
-	px *faultproxy.Proxy
+	tr    *http.Transport
+	px    *faultproxy.Proxy
+	hooks *faultproxy.Hooks
 }
 
 func (o *owns) Close() error {
@@ -71,6 +70,7 @@ func (o *owns) Close() error {
 	o.tr.CloseIdleConnections()
 	if o.px != nil {
 		o.px.Close()
+		o.hooks.Forget(o)
 	}
 	return err
 }
@@ -78,13 +78,8 @@ func (o *owns) Close() error {
 func (h *harness) NewBackend(context.Context) (backend.Backend, error) {
 	px := faultproxy.Start(h.t, h.agent.Addr)
 	b, _ := newBackend(h.t, px.Addr)
-	b.px = px
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.px == nil {
-		h.px = map[backend.Backend]*faultproxy.Proxy{}
-	}
-	h.px[b] = px
+	b.px, b.hooks = px, &h.Hooks
+	h.Add(b, px)
 	return b, nil
 }
 
@@ -92,38 +87,6 @@ func (h *harness) Capabilities() backend.Capabilities {
 	cli, _ := client(h.t, h.agent.Addr)
 	b, _ := consul.New(cli, consul.WithMinTTL(consultest.MinTTL))
 	return b.Capabilities()
-}
-
-func (h *harness) proxy(b backend.Backend, f func(*faultproxy.Proxy)) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if px := h.px[b]; px != nil {
-		f(px)
-	}
-	return nil
-}
-
-func (h *harness) Disconnect(_ context.Context, b backend.Backend) error {
-	return h.proxy(b, (*faultproxy.Proxy).Cut)
-}
-
-func (h *harness) Reconnect(_ context.Context, b backend.Backend) error {
-	return h.proxy(b, (*faultproxy.Proxy).Heal)
-}
-
-func (h *harness) HoldReplies(_ context.Context, b backend.Backend) error {
-	return h.proxy(b, func(px *faultproxy.Proxy) { px.Hold(faultproxy.ToClient) })
-}
-
-func (h *harness) DeliverReplies(_ context.Context, b backend.Backend) error {
-	return h.proxy(b, func(px *faultproxy.Proxy) { px.Deliver(faultproxy.ToClient) })
-}
-
-func (h *harness) DropReplies(_ context.Context, b backend.Backend) error {
-	return h.proxy(b, func(px *faultproxy.Proxy) {
-		px.Reset() // held replies go with the connections
-		px.Deliver(faultproxy.ToClient)
-	})
 }
 
 func (h *harness) Pause(context.Context) error  { h.agent.Stop(); return nil }

@@ -2,7 +2,6 @@ package etcd_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 
 	"github.com/distlock/lock/backend"
@@ -15,11 +14,9 @@ import (
 // harness is one etcd member in a process of its own; every backend reaches
 // it through a fault proxy of its own.
 type harness struct {
+	faultproxy.Hooks
 	t   *testing.T
 	srv *serverproc.Process
-
-	mu      sync.Mutex
-	proxies map[backend.Backend]*faultproxy.Proxy
 }
 
 var (
@@ -41,9 +38,7 @@ type owned struct {
 func (o *owned) Close() error {
 	err := o.Backend.Close()
 	o.proxiedClient.close()
-	o.h.mu.Lock()
-	delete(o.h.proxies, o)
-	o.h.mu.Unlock()
+	o.h.Forget(o)
 	return err
 }
 
@@ -57,9 +52,7 @@ func (h *harness) NewBackend(context.Context) (backend.Backend, error) {
 		return nil, err
 	}
 	o := &owned{Backend: b, h: h, proxiedClient: proxiedClient{cli, px}}
-	h.mu.Lock()
-	h.proxies[o] = px
-	h.mu.Unlock()
+	h.Add(o, px)
 	return o, nil
 }
 
@@ -74,47 +67,8 @@ func (h *harness) Capabilities() backend.Capabilities {
 	return b.Capabilities()
 }
 
-func (h *harness) proxy(b backend.Backend) *faultproxy.Proxy {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	px := h.proxies[b]
-	if px == nil {
-		h.t.Fatalf("harness: a backend it did not make: %T", b)
-	}
-	return px
-}
-
 func (h *harness) Pause(context.Context) error  { h.srv.Stop(); return nil }
 func (h *harness) Resume(context.Context) error { h.srv.Continue(); return nil }
-
-func (h *harness) Disconnect(_ context.Context, b backend.Backend) error {
-	h.proxy(b).Cut()
-	return nil
-}
-
-func (h *harness) Reconnect(_ context.Context, b backend.Backend) error {
-	h.proxy(b).Heal()
-	return nil
-}
-
-// HoldReplies, DeliverReplies and DropReplies act on the server-to-client
-// direction of b's proxy: requests still reach the server.
-func (h *harness) HoldReplies(_ context.Context, b backend.Backend) error {
-	h.proxy(b).Hold(faultproxy.ToClient)
-	return nil
-}
-
-func (h *harness) DeliverReplies(_ context.Context, b backend.Backend) error {
-	h.proxy(b).Deliver(faultproxy.ToClient)
-	return nil
-}
-
-func (h *harness) DropReplies(_ context.Context, b backend.Backend) error {
-	px := h.proxy(b)
-	px.Reset() // held replies go with the connections
-	px.Deliver(faultproxy.ToClient)
-	return nil
-}
 
 // Restart kills the member with SIGKILL and starts it again on the same
 // data directory; the clients reconnect on their own.
@@ -128,6 +82,6 @@ func (h *harness) Restart(_ context.Context, keepData bool) error {
 
 func TestConformance(t *testing.T) {
 	conformance.Run(t, func(t *testing.T) conformance.Harness {
-		return &harness{t: t, srv: startEtcd(t), proxies: map[backend.Backend]*faultproxy.Proxy{}}
+		return &harness{t: t, srv: startEtcd(t)}
 	}, conformance.RequireHooks())
 }

@@ -5,7 +5,6 @@ package netstore_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 
 	"github.com/distlock/lock/backend"
@@ -15,14 +14,13 @@ import (
 	"github.com/distlock/lock/memory/netstore"
 )
 
-// harness gives every backend its own fault proxy in front of one server.
+// harness gives every backend its own fault proxy in front of one server;
+// faultproxy.Hooks turns the proxies into the network hooks.
 type harness struct {
+	faultproxy.Hooks
 	t     *testing.T
 	store *memory.Store
 	srv   *netstore.Server
-
-	mu      sync.Mutex
-	proxies map[backend.Backend]*faultproxy.Proxy
 }
 
 var (
@@ -44,9 +42,7 @@ type proxied struct {
 func (p *proxied) Close() error {
 	err := p.Backend.Close()
 	p.px.Close()
-	p.h.mu.Lock()
-	delete(p.h.proxies, p)
-	p.h.mu.Unlock()
+	p.h.Forget(p)
 	return err
 }
 
@@ -58,9 +54,7 @@ func (h *harness) NewBackend(context.Context) (backend.Backend, error) {
 		return nil, err
 	}
 	p := &proxied{Backend: b, h: h, px: px}
-	h.mu.Lock()
-	h.proxies[p] = px
-	h.mu.Unlock()
+	h.Add(p, px)
 	return p, nil
 }
 
@@ -73,47 +67,8 @@ func (h *harness) Capabilities() backend.Capabilities {
 	return b.Capabilities()
 }
 
-func (h *harness) proxy(b backend.Backend) *faultproxy.Proxy {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	px := h.proxies[b]
-	if px == nil {
-		h.t.Fatalf("harness: a backend it did not make: %T", b)
-	}
-	return px
-}
-
 func (h *harness) Pause(context.Context) error  { h.store.Pause(); return nil }
 func (h *harness) Resume(context.Context) error { h.store.Resume(); return nil }
-
-func (h *harness) Disconnect(_ context.Context, b backend.Backend) error {
-	h.proxy(b).Cut()
-	return nil
-}
-
-func (h *harness) Reconnect(_ context.Context, b backend.Backend) error {
-	h.proxy(b).Heal()
-	return nil
-}
-
-// HoldReplies, DeliverReplies and DropReplies act on the server-to-client
-// direction of b's proxy: requests still reach the server.
-func (h *harness) HoldReplies(_ context.Context, b backend.Backend) error {
-	h.proxy(b).Hold(faultproxy.ToClient)
-	return nil
-}
-
-func (h *harness) DeliverReplies(_ context.Context, b backend.Backend) error {
-	h.proxy(b).Deliver(faultproxy.ToClient)
-	return nil
-}
-
-func (h *harness) DropReplies(_ context.Context, b backend.Backend) error {
-	px := h.proxy(b)
-	px.Reset() // held replies go with the connections
-	px.Deliver(faultproxy.ToClient)
-	return nil
-}
 
 // Restart restarts the store, keeping its data or losing it, and resets
 // every client's connections, as a restarted server process would.
@@ -123,11 +78,7 @@ func (h *harness) Restart(_ context.Context, keepData bool) error {
 		mode = memory.KeepData
 	}
 	h.store.Restart(mode)
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for _, px := range h.proxies {
-		px.Reset()
-	}
+	h.All((*faultproxy.Proxy).Reset)
 	return nil
 }
 
@@ -136,7 +87,7 @@ func TestConformance(t *testing.T) {
 	var store *memory.Store
 	conformance.Run(t, func(t *testing.T) conformance.Harness {
 		store = memory.NewStore()
-		return &harness{t: t, store: store, srv: serve(t, store), proxies: map[backend.Backend]*faultproxy.Proxy{}}
+		return &harness{t: t, store: store, srv: serve(t, store)}
 	}, conformance.RequireHooks())
 	if n := store.Watchers(); n != 0 {
 		t.Errorf("%d watches left open on the server after the suite; want 0", n)
