@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/distlock/lock"
 	lockconsul "github.com/distlock/lock/consul"
+	"github.com/distlock/lock/internal/consultest"
 )
 
 // The Consul table: this library's consul backend beside api.Lock, the
@@ -216,29 +216,25 @@ func startConsul() (string, func()) {
 	if err != nil {
 		fatal(err)
 	}
-	var ports []string
+	var ports [4]int
 	var lns []net.Listener
-	for range 4 {
+	for i := range ports {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			fatal(err)
 		}
 		lns = append(lns, ln)
-		ports = append(ports, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
+		ports[i] = ln.Addr().(*net.TCPAddr).Port
 	}
 	for _, ln := range lns {
 		ln.Close()
 	}
-	cmd := exec.Command(bin, "agent", "-server", "-bootstrap-expect=1", "-node=bench",
-		"-data-dir="+filepath.Join(dir, "data"), "-bind=127.0.0.1", "-advertise=127.0.0.1", "-client=127.0.0.1",
-		"-http-port="+ports[0], "-dns-port=-1", "-grpc-port=-1", "-serf-lan-port="+ports[1],
-		"-serf-wan-port="+ports[2], "-server-port="+ports[3], "-log-level=error",
-		"-hcl", `disable_update_check = true`, "-hcl", `ports { grpc_tls = -1 }`, "-hcl", `performance { raft_multiplier = 1 }`)
+	cmd := exec.Command(bin, consultest.AgentArgs(bin, filepath.Join(dir, "data"), strconv.Itoa(ports[0]), [3]int{ports[1], ports[2], ports[3]})[1:]...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // dies with the bench, even on fatal
 	if err := cmd.Start(); err != nil {
 		fatal(err)
 	}
-	addr := "127.0.0.1:" + ports[0]
+	addr := "127.0.0.1:" + strconv.Itoa(ports[0])
 	stop := func() {
 		if cmd.Process != nil {
 			cmd.Process.Kill()
@@ -322,21 +318,10 @@ func runNetworked(peers []networkedPeer, rounds int, dur, hotDur time.Duration) 
 func waitConsul(addr string) {
 	deadline := time.Now().Add(time.Minute)
 	for time.Now().Before(deadline) {
-		if body(addr, "/v1/status/leader") != `""` && body(addr, "/v1/status/leader") != "" &&
-			body(addr, "/v1/catalog/node/bench") != "" && body(addr, "/v1/catalog/node/bench") != "null" {
+		if consultest.Ready(addr) {
 			return
 		}
 		time.Sleep(50 * time.Millisecond) // poll the starting agent
 	}
 	fatal(fmt.Errorf("consul agent on %s not ready within a minute", addr))
-}
-
-func body(addr, path string) string {
-	resp, err := http.Get("http://" + addr + path)
-	if err != nil {
-		return ""
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return strings.TrimSpace(string(b))
 }

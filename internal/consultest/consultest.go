@@ -94,19 +94,8 @@ func Start(t testing.TB) *Agent {
 		t.Fatal(err)
 	}
 	ports := freePorts(t, 3)
-	argv := []string{bin, "agent", "-server", "-bootstrap-expect=1",
-		"-node=lock-test", "-data-dir=" + data,
-		"-bind=127.0.0.1", "-advertise=127.0.0.1", "-client=127.0.0.1",
-		"-http-port=" + serverproc.PortPlaceholder, "-dns-port=-1", "-grpc-port=-1",
-		"-serf-lan-port=" + strconv.Itoa(ports[0]), "-serf-wan-port=" + strconv.Itoa(ports[1]),
-		"-server-port=" + strconv.Itoa(ports[2]),
-		"-log-level=error",
-		"-hcl", `session_ttl_min = "1s"`,
-		"-hcl", `disable_update_check = true`,
-		"-hcl", `ports { grpc_tls = -1 }`,
-		"-hcl", `performance { raft_multiplier = 1 }`,
-	}
-	p := serverproc.Start(t, argv, serverproc.Options{Dir: dir, Ready: hasLeader, ReadyTimeout: time.Minute})
+	argv := AgentArgs(bin, data, serverproc.PortPlaceholder, [3]int{ports[0], ports[1], ports[2]})
+	p := serverproc.Start(t, argv, serverproc.Options{Dir: dir, Ready: Ready, ReadyTimeout: time.Minute})
 	return &Agent{Process: p, data: data}
 }
 
@@ -121,9 +110,27 @@ func (a *Agent) Restart(keepData bool) {
 	a.Process.Restart()
 }
 
-// hasLeader reports whether the agent on addr has a leader and has
-// registered its node (sessions need it).
-func hasLeader(addr string) bool {
+// AgentArgs is the command line of a single-server agent of bin keeping its
+// state in dataDir, serving HTTP on httpPort and using serf LAN, serf WAN
+// and server RPC ports: loopback only, no DNS or gRPC, session_ttl_min 1s.
+func AgentArgs(bin, dataDir, httpPort string, ports [3]int) []string {
+	return []string{bin, "agent", "-server", "-bootstrap-expect=1",
+		"-node=lock-test", "-data-dir=" + dataDir,
+		"-bind=127.0.0.1", "-advertise=127.0.0.1", "-client=127.0.0.1",
+		"-http-port=" + httpPort, "-dns-port=-1", "-grpc-port=-1",
+		"-serf-lan-port=" + strconv.Itoa(ports[0]), "-serf-wan-port=" + strconv.Itoa(ports[1]),
+		"-server-port=" + strconv.Itoa(ports[2]),
+		"-log-level=error",
+		"-hcl", `session_ttl_min = "1s"`,
+		"-hcl", `disable_update_check = true`,
+		"-hcl", `ports { grpc_tls = -1 }`, // its default, 8503, is fixed: two agents would collide
+		"-hcl", `performance { raft_multiplier = 1 }`,
+	}
+}
+
+// Ready reports whether the agent on addr has a leader and has registered
+// its node (sessions need it).
+func Ready(addr string) bool {
 	leader := get(addr, "/v1/status/leader")
 	node := get(addr, "/v1/catalog/node/lock-test")
 	return strings.Trim(leader, `"`) != "" && node != "" && node != "null"
