@@ -524,7 +524,7 @@ func (c *Client) cleanup(ctx context.Context, key, token string, ttl time.Durati
 }
 
 // cleanupLimit bounds a cleanup release, and so how long Close waits for one.
-const cleanupLimit = time.Second
+const cleanupLimit = 3 * time.Second
 
 // background runs f in a goroutine that Close waits for. Once the client is
 // closing it runs nothing and reports false.
