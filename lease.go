@@ -350,7 +350,7 @@ func (l *Lease) transferToNext(ctx context.Context) (bool, error) {
 		// Unknown outcome: the store may hold the lock for w's token,
 		// which nobody will use (w asks the store with fresh tokens once
 		// it has the turn): free it, then release plainly.
-		c.cleanup(ctx, l.key, w.token, w.cfg.ttl)
+		c.cleanup(ctx, l.key, w.token, w.cfg.ttl, false)
 	}
 	return false, nil // refused, or failed: release plainly
 }
@@ -397,7 +397,7 @@ func (l *Lease) settleHandover(ctx context.Context, from string, sent time.Time,
 		l.armLocked()
 	case err == nil:
 		// l ended (lost at its deadline) while the transfer was out.
-		l.c.cleanup(ctx, l.key, l.token, l.ttl)
+		l.c.cleanup(ctx, l.key, l.token, l.ttl, false)
 	case errors.Is(err, ErrNotHeld):
 		if l.state == stateHeld {
 			l.endLocked(stateLost, fmt.Errorf("%w: the store no longer held the lock when it was handed over: %w", ErrLost, err))
@@ -411,8 +411,8 @@ func (l *Lease) settleHandover(ctx context.Context, from string, sent time.Time,
 		if libflaw.HandoverUnknownKeeps {
 			return
 		}
-		l.c.cleanup(ctx, l.key, from, l.ttl)
-		l.c.cleanup(ctx, l.key, l.token, l.ttl)
+		l.c.cleanup(ctx, l.key, from, l.ttl, false)
+		l.c.cleanup(ctx, l.key, l.token, l.ttl, false)
 	}
 }
 
@@ -452,7 +452,7 @@ func (l *Lease) renew(ctx context.Context) error {
 		if err == nil && l.state == stateLost {
 			// The store extended a lock this client already gave up:
 			// free it rather than block the key for another TTL.
-			l.c.cleanup(ctx, l.key, l.token, l.ttl)
+			l.c.cleanup(ctx, l.key, l.token, l.ttl, false)
 		}
 		return wrap("renew", l.key, l.err)
 	}

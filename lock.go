@@ -362,11 +362,12 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 	}
 	var watch backend.Watch
 	took := false
+	turnPassed := false // a cleanup passes the turn (see cleanup)
 	defer func() {
 		if watch != nil {
 			watch.Close(took)
 		}
-		if queued && !took {
+		if queued && !took && !turnPassed {
 			c.local.pass(key) // the lease did not come: next in line
 		}
 	}()
@@ -410,8 +411,9 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 			if !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrClosed) {
 				// The outcome is unknown: the store may have granted
 				// the lock. Free it in the background so nothing is
-				// left behind.
-				c.cleanup(ctx, key, token, cfg.ttl)
+				// left behind; this client's turn for the key passes
+				// when that ends (see cleanup).
+				turnPassed = c.cleanup(ctx, key, token, cfg.ttl, queued)
 			}
 			if cerr := ctxErr(ctx); cerr != nil && !errors.Is(err, cerr) {
 				err = errors.Join(cerr, err)
@@ -515,12 +517,28 @@ func (c *Client) sleep(ctx context.Context, cfg *config, d time.Duration, w back
 // expired by then anyway) and cleanupLimit (a store that does not answer
 // that long will not answer this either; the lock then expires on its own).
 // Close waits for it.
-func (c *Client) cleanup(ctx context.Context, key, token string, ttl time.Duration) {
-	c.background(func() {
+//
+// With turn, the cleanup also holds this client's turn for the key, and
+// passes it on when the release has ended; cleanup then reports true (the
+// caller must not pass the turn itself). Why: the next goroutine of this
+// client could not get the lock before the release anyway if the attempt
+// was granted, and an Acquire cancelled again and again (short deadlines on
+// a slow store) would otherwise start a new attempt per cancellation while
+// the earlier ones' requests and releases are still out, piling up work on
+// a store that is already too slow to answer, until releases time out and
+// locks are left behind for a whole TTL. Holding the turn keeps one attempt
+// or one cleanup per key and client on the wire. It delays only this
+// client's own goroutines, by at most the cleanup's bound, and decides
+// nothing about who holds the lock, so it keeps every promise.
+func (c *Client) cleanup(ctx context.Context, key, token string, ttl time.Duration, turn bool) bool {
+	return c.background(func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(ttl, cleanupLimit))
 		defer cancel()
 		_ = c.b.Release(rctx, key, token)
-	})
+		if turn {
+			c.local.pass(key)
+		}
+	}) && turn
 }
 
 // cleanupLimit bounds a cleanup release, and so how long Close waits for one.

@@ -549,6 +549,72 @@ func TestAcquireWithUnknownOutcomeLeavesNothingBehind(t *testing.T) {
 	}
 }
 
+// unknownThenSlowRelease is a remote-like store whose first acquire takes
+// the lock and reports a timeout (unknown outcome), and whose releases wait
+// for proceed.
+type unknownThenSlowRelease struct {
+	remoteLike
+	failed   atomic.Bool
+	releases chan struct{} // a release began
+	proceed  chan struct{} // closed: releases go on
+}
+
+func (u *unknownThenSlowRelease) Acquire(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
+	g, err := u.remoteLike.Acquire(ctx, key, token, ttl)
+	if err == nil && u.failed.CompareAndSwap(false, true) {
+		return backend.Grant{}, context.DeadlineExceeded
+	}
+	return g, err
+}
+
+func (u *unknownThenSlowRelease) Release(ctx context.Context, key, token string) error {
+	u.releases <- struct{}{}
+	<-u.proceed
+	return u.remoteLike.Release(ctx, key, token)
+}
+
+// An acquire of unknown outcome keeps this client's turn for the key until
+// its cleanup release has ended: the next goroutine does not ask the store
+// meanwhile (it could not get the lock before the release anyway), so that
+// acquires cancelled again and again on a slow store cannot pile up requests
+// and releases until releases time out and leave locks behind.
+func TestUnknownOutcomeHoldsTheTurnUntilTheCleanupEnds(t *testing.T) {
+	u := &unknownThenSlowRelease{
+		remoteLike: remoteLike{&probe{Backend: memory.New()}},
+		releases:   make(chan struct{}, 4),
+		proceed:    make(chan struct{}),
+	}
+	c, err := lock.New(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var proceed sync.Once
+	let := func() { proceed.Do(func() { close(u.proceed) }) }
+	defer c.Close()
+	defer let() // before Close, which waits for the cleanup
+	ctx := context.Background()
+	if _, err := c.Acquire(ctx, "k"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire: %v; want the backend's context error", err)
+	}
+	<-u.releases // the cleanup runs, and waits
+	got := make(chan error, 1)
+	go func() {
+		l, err := c.Acquire(ctx, "k")
+		if err == nil {
+			err = l.Release(ctx)
+		}
+		got <- err
+	}()
+	until(t, "the second Acquire to wait for the key's turn", func() bool { return c.Waiting("k") == 1 || u.probe.acquires.Load() > 1 })
+	if n := u.probe.acquires.Load(); n != 1 {
+		t.Fatalf("%d acquire requests while the cleanup was out; want 1 (the first)", n)
+	}
+	let()
+	if err := <-got; err != nil {
+		t.Fatalf("the Acquire after the cleanup: %v", err)
+	}
+}
+
 // slowRenew blocks every renewal until release is closed.
 type slowRenew struct {
 	backend.Backend
