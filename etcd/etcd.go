@@ -46,15 +46,17 @@
 // A lease grant is a Raft write of its own, as costly as the transaction, so
 // the backend reuses leases: a released lock's lease goes back to a pool of
 // idle leases of its TTL, and the next acquisition with that TTL refreshes
-// one with a keep-alive, which is not a Raft write, before its transaction.
+// one with a keep-alive, which is not a Raft write, sent just before its
+// transaction and answered while it runs (one round trip for both). The
+// keep-alives of a backend share one long-lived stream (see refresher).
 // An acquisition thus costs one Raft write (two when no idle lease is at
 // hand: after a pause longer than the TTL, or with more locks held at once
 // than ever before), a contended attempt one, a release one, a renewal
 // none, and a wait four (the failed attempt, the queue record's lease and
 // put, and the revoke of that lease when the wait ends). The
-// keep-alive comes before the transaction and after the caller's
-// send time, so the store keeps the lock at least the TTL from the request,
-// however long the lease sat idle.
+// keep-alive is sent after the caller's send time and the grant is reported
+// only when it succeeded, so the store keeps the lock at least the TTL from
+// the request, however long the lease sat idle.
 //
 // A lease never carries two locks at once: one lease shared by several
 // locks would save more, but renewing one lock would then extend the
@@ -208,6 +210,7 @@ type Backend struct {
 	cli    *clientv3.Client
 	opts   options
 	leases *leases
+	ka     refresher
 	tombs  tombLease
 	notify *notifier
 	closed atomic.Bool
@@ -240,6 +243,7 @@ func New(cli *clientv3.Client, opts ...Option) (*Backend, error) {
 	}
 	b := &Backend{cli: cli, opts: o, leases: newLeases()}
 	b.tombs.sem = make(chan struct{}, 1)
+	b.ka.cli = cli
 	b.notify = newNotifier(cli)
 	return b, nil
 }
@@ -277,18 +281,56 @@ func storeErr(ctx context.Context, op string, err error) error {
 // errDead is returned for an acquire with a token released before.
 var errDead = fmt.Errorf("%w: etcd: acquire with a token that was released before; a token is for one acquisition", backend.ErrInvalid)
 
-// Acquire implements backend.Backend: a lease (an idle one of this backend,
-// refreshed, or a new one), then one transaction.
+// Acquire implements backend.Backend: one transaction on a lease, an idle
+// one of this backend refreshed by a keep-alive sent beside the
+// transaction, or a new one.
 func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
 	if err := b.check(); err != nil {
 		return backend.Grant{}, err
 	}
-	lk, tk := b.lockKeyOf(key), b.tombKeyOf(key, token)
 	secs := seconds(ttl)
-	id, refreshed, granted, err := b.lease(ctx, secs)
+	if id := b.leases.take(secs); id != clientv3.NoLease {
+		g, err := b.acquireOnIdle(ctx, key, token, secs, id)
+		if !errors.Is(err, errLeaseGone) {
+			return g, err
+		}
+		// The idle lease expired meanwhile: take a new one.
+	}
+	sent := time.Now()
+	resp, err := b.cli.Grant(ctx, secs)
 	if err != nil {
 		return backend.Grant{}, storeErr(ctx, "acquire: lease", err)
 	}
+	return b.acquireOn(ctx, key, token, secs, resp.ID, sent, time.Duration(resp.TTL)*time.Second, nil)
+}
+
+// errLeaseGone: the acquire's lease did not exist, and the transaction did
+// nothing.
+var errLeaseGone = errors.New("etcd: the lease is gone")
+
+// acquireOnIdle acquires on idle lease id, refreshing it with a keep-alive
+// sent before the transaction and answered while it runs, so that the two
+// cost one round trip. Why this keeps the contract: the keep-alive is sent
+// after the caller's send time, so when it succeeds the store keeps the
+// lease at least secs seconds from that time, whichever of the two the
+// store handles first; the grant is reported only when both succeeded. A
+// keep-alive that failed or whose outcome is unknown makes the acquire's
+// outcome unknown: its key, if the transaction attached it, is on a lease
+// that may expire earlier, so no grant is reported and the lease is never
+// reused (the release that package lock sends revokes it).
+func (b *Backend) acquireOnIdle(ctx context.Context, key, token string, secs int64, id clientv3.LeaseID) (backend.Grant, error) {
+	sent := time.Now()
+	ka, err := b.ka.start(id)
+	if err != nil {
+		return backend.Grant{}, storeErr(ctx, "acquire: keep-alive", err)
+	}
+	return b.acquireOn(ctx, key, token, secs, id, sent, 0, ka)
+}
+
+// acquireOn runs the acquire transaction on lease id, sent at sent: of
+// granted TTL, or refreshed by the keep-alive whose answer comes on ka.
+func (b *Backend) acquireOn(ctx context.Context, key, token string, secs int64, id clientv3.LeaseID, sent time.Time, granted time.Duration, ka <-chan kaAnswer) (backend.Grant, error) {
+	lk, tk := b.lockKeyOf(key), b.tombKeyOf(key, token)
 	// Besides the key and the token, the queue of waiters (see notifier):
 	// this backend's waiter must be at its head, anyone else find it
 	// empty. An attempt that fails writes a key of its own, so that the
@@ -303,19 +345,47 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Durat
 		clientv3.OpGet(tk, clientv3.WithCountOnly()),
 		clientv3.OpPut(b.contentionKeyOf(key), "", clientv3.WithLease(id)),
 	).Commit()
+	reuse := true
+	if ka != nil {
+		var kerr error
+		var kttl int64
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			kerr = rpctypes.ErrLeaseNotFound // the answer does not matter
+		} else {
+			kttl, kerr = await(ctx, ka)
+		}
+		switch {
+		case errors.Is(kerr, rpctypes.ErrLeaseNotFound) && (errors.Is(err, rpctypes.ErrLeaseNotFound) || (err == nil && !resp.Succeeded)):
+			// The lease expired while idle, and the transaction
+			// attached nothing to it.
+			return backend.Grant{}, errLeaseGone
+		case kerr != nil && err == nil && !resp.Succeeded:
+			// The transaction attached no lock; the lease's expiry
+			// is unknown, so it is not reused: it expires.
+			reuse = false
+		case kerr != nil:
+			// The lease's expiry is unknown: the key, if attached,
+			// may go earlier than the TTL from sent.
+			b.leases.attach(lk, token, id, secs, sent, true, true)
+			return backend.Grant{}, storeErr(ctx, "acquire: keep-alive", errors.Join(kerr, err))
+		}
+		granted = time.Duration(kttl) * time.Second
+	}
 	if err != nil {
 		// The key may be attached to the lease now or later: the
 		// release that package lock sends to undo this attempt finds
 		// the lease here and revokes it.
-		b.leases.attach(lk, token, id, secs, refreshed, true)
+		b.leases.attach(lk, token, id, secs, sent, true, false)
 		return backend.Grant{}, storeErr(ctx, "acquire", err)
 	}
 	if resp.Succeeded {
 		b.notify.took(queue)
-		b.leases.attach(lk, token, id, secs, refreshed, false)
+		b.leases.attach(lk, token, id, secs, sent, false, false)
 		return backend.Grant{Fence: uint64(resp.Header.Revision), TTL: granted}, nil
 	}
-	b.leases.idle(id, secs, refreshed) // the transaction attached nothing to it
+	if reuse {
+		b.leases.idle(id, secs, sent) // the transaction attached nothing to it
+	}
 	if resp.Responses[0].GetResponseRange().Count > 0 {
 		return backend.Grant{}, errDead
 	}
@@ -323,33 +393,6 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	// request again: the contract allows ErrLocked then), or others queue.
 	b.notify.lockedAt(lk, resp.Header.Revision)
 	return backend.Grant{}, backend.Locked(0)
-}
-
-// lease returns a lease of secs seconds for an acquisition, which the store
-// keeps at least secs seconds from when this call began: an idle lease of
-// this backend, refreshed with a keep-alive (not a Raft write), or else a
-// new one. It returns the lease, when its refresh was sent, and the TTL the
-// store enforces.
-func (b *Backend) lease(ctx context.Context, secs int64) (clientv3.LeaseID, time.Time, time.Duration, error) {
-	sent := time.Now()
-	if id := b.leases.take(secs); id != clientv3.NoLease {
-		ka, err := b.cli.KeepAliveOnce(ctx, id)
-		if err == nil {
-			return id, sent, time.Duration(ka.TTL) * time.Second, nil
-		}
-		if !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			// The refresh may still arrive, late: were the lease
-			// reused meanwhile, it would extend the next lock past
-			// its own refreshes. It holds nothing: let it expire.
-			return clientv3.NoLease, time.Time{}, 0, err
-		}
-		// Expired meanwhile: take a new one.
-	}
-	resp, err := b.cli.Grant(ctx, secs)
-	if err != nil {
-		return clientv3.NoLease, time.Time{}, 0, err
-	}
-	return resp.ID, sent, time.Duration(resp.TTL) * time.Second, nil
 }
 
 // revoke revokes lease id, best effort: a lease that is not revoked expires.
@@ -384,7 +427,7 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 		}
 		id = clientv3.LeaseID(resp.Kvs[0].Lease)
 	}
-	ka, err := b.cli.KeepAliveOnce(ctx, id)
+	kttl, err := b.ka.keepAlive(ctx, id)
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		b.leases.release(lk, token) // expired: nothing to reuse or revoke
 		return backend.Grant{}, backend.ErrNotHeld
@@ -407,11 +450,11 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 		b.revoke(ctx, id)
 		return backend.Grant{}, backend.ErrNotHeld
 	}
-	if secs := seconds(ttl); ka.TTL < secs {
-		return backend.Grant{}, fmt.Errorf("%w: etcd: renew for %v, but the lock's lease has a TTL of %ds, fixed when it was acquired; renew with the TTL of the acquire", backend.ErrInvalid, ttl, ka.TTL)
+	if secs := seconds(ttl); kttl < secs {
+		return backend.Grant{}, fmt.Errorf("%w: etcd: renew for %v, but the lock's lease has a TTL of %ds, fixed when it was acquired; renew with the TTL of the acquire", backend.ErrInvalid, ttl, kttl)
 	}
 	ok = true
-	return backend.Grant{Fence: uint64(resp.Kvs[0].CreateRevision), TTL: time.Duration(ka.TTL) * time.Second}, nil
+	return backend.Grant{Fence: uint64(resp.Kvs[0].CreateRevision), TTL: time.Duration(kttl) * time.Second}, nil
 }
 
 // Tombstone values: the token released the lock, or did not hold it.
@@ -594,6 +637,7 @@ func (b *Backend) Close() error {
 		return nil
 	}
 	b.notify.close()
+	b.ka.close()
 	if b.opts.closeClient {
 		return b.cli.Close()
 	}

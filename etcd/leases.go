@@ -90,11 +90,13 @@ func (l *leases) idle(id clientv3.LeaseID, secs int64, refreshed time.Time) {
 	}
 }
 
-// attach records lease id as the lease of token's lock on lockKey.
-func (l *leases) attach(lockKey, token string, id clientv3.LeaseID, secs int64, refreshed time.Time, unknown bool) {
+// attach records lease id as the lease of token's lock on lockKey; unknown
+// says whether the acquire's outcome is unknown, tainted whether a refresh
+// of the lease has an unknown outcome (the lease is then never reused).
+func (l *leases) attach(lockKey, token string, id clientv3.LeaseID, secs int64, refreshed time.Time, unknown, tainted bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.held[heldKey{lockKey, token}] = &heldLease{id: id, secs: secs, refreshed: refreshed, unknown: unknown}
+	l.held[heldKey{lockKey, token}] = &heldLease{id: id, secs: secs, refreshed: refreshed, unknown: unknown, tainted: tainted}
 	if n := len(l.held); n >= 1024 && n >= 2*l.prunedAt {
 		l.pruneLocked()
 	}

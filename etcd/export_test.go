@@ -1,0 +1,26 @@
+package etcd
+
+import (
+	"context"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// KeepAlive sends one keep-alive on b's stream.
+func KeepAlive(ctx context.Context, b *Backend, id clientv3.LeaseID) (int64, error) {
+	return b.ka.keepAlive(ctx, id)
+}
+
+// AfterKeepAliveSent sets a function that runs after each keep-alive of b
+// went out; set it before b is used concurrently.
+func AfterKeepAliveSent(b *Backend, f func()) { b.ka.afterSend = f }
+
+// BreakKeepAliveStream breaks b's keep-alive stream: the keep-alives waiting
+// for their answers fail with an unknown outcome.
+func BreakKeepAliveStream(b *Backend) {
+	b.ka.mu.Lock()
+	defer b.ka.mu.Unlock()
+	if b.ka.cur != nil {
+		b.ka.breakLocked(b.ka.cur)
+	}
+}
