@@ -26,7 +26,9 @@ import (
 //	cd bench && go run . -store etcd
 //
 // Scenarios as for Consul; requests per section are the gRPC calls the
-// clients made (counted by an interceptor) per section.
+// clients made, the streams they opened and the messages they sent on
+// streams (keep-alives, watch requests), counted by interceptors, per
+// section.
 
 type etcdPeer struct {
 	name string
@@ -153,8 +155,12 @@ func etcdClient(addr string, n *atomic.Int64) *clientv3.Client {
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
 	countStream := func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-		n.Add(1) // a stream opened counts once (lease keep-alives and watches share long-lived streams)
-		return streamer(ctx, desc, cc, method, opts...)
+		n.Add(1) // opening a stream counts once, and each message sent on it once
+		s, err := streamer(ctx, desc, cc, method, opts...)
+		if err != nil {
+			return nil, err
+		}
+		return countingStream{s, n}, nil
 	}
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   []string{addr},
@@ -182,4 +188,17 @@ func runEtcd(rounds int, dur, hotDur time.Duration) {
 	fmt.Printf("lock / Mutex (session per lock), one goroutine: %.2fx (target 2x)\n", med[0][0]/med[2][0])
 	fmt.Printf("hot key utilisation, one client: lock / Mutex %.2fx (target 1.5x)\n", med[0][1]/max(med[1][1], med[2][1]))
 	fmt.Printf("hot key utilisation, 16 clients: lock / Mutex %.2fx (target 1.5x); lock's requests per section %.1f (target <= 3)\n", med[0][2]/max(med[1][2], med[2][2]), med[0][3])
+}
+
+// countingStream counts the messages a client sends on a stream: lease
+// keep-alives and watch requests share long-lived streams, and each is a
+// request to the server.
+type countingStream struct {
+	grpc.ClientStream
+	n *atomic.Int64
+}
+
+func (c countingStream) SendMsg(m any) error {
+	c.n.Add(1)
+	return c.ClientStream.SendMsg(m)
 }

@@ -358,14 +358,6 @@ func main() {
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	store := flag.String("store", "redis", "the store to measure: redis (this library beside redislock, redsync and the floors), consul (beside api.Lock) or etcd (beside concurrency.Mutex)")
 	flag.Parse()
-	switch *store {
-	case "consul":
-		runConsul(*rounds, *dur, *hotDur)
-		return
-	case "etcd":
-		runEtcd(*rounds, *dur, *hotDur)
-		return
-	}
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
 		if err != nil {
@@ -374,6 +366,14 @@ func main() {
 		}
 		pprof.StartCPUProfile(f)
 		defer pprof.StopCPUProfile()
+	}
+	switch *store {
+	case "consul":
+		runConsul(*rounds, *dur, *hotDur)
+		return
+	case "etcd":
+		runEtcd(*rounds, *dur, *hotDur)
+		return
 	}
 
 	h := &harness{}

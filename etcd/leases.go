@@ -117,6 +117,15 @@ func (l *leases) pruneLocked() {
 	l.prunedAt = len(l.held)
 }
 
+// acquired reports whether this backend acquired token's lock on lockKey
+// with a known outcome and has not released it.
+func (l *leases) acquired(lockKey, token string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	h := l.held[heldKey{lockKey, token}]
+	return h != nil && !h.unknown
+}
+
 // renewing returns the lease of token's lock on lockKey, marked as being
 // renewed, or nil when this backend did not acquire it.
 func (l *leases) renewing(lockKey, token string) *heldLease {
