@@ -176,6 +176,24 @@ func (l *Lease) Err() error {
 	return l.err
 }
 
+// Confirmed waits until the store holds the lock for this lease's token and
+// returns nil, or returns the lease's error (lost, released) or ctx's. Only
+// a lease handed over ahead of the store (see Acquire) waits: until the
+// transfer it started lands, the store still holds the lock for the
+// previous holder's token. Call it before a write that the store itself
+// makes conditional on the lease's token (the backends' in-store guards,
+// such as the Redis backend's SetIfHeld): such a write would be refused
+// until then.
+func (l *Lease) Confirmed(ctx context.Context) error {
+	if ctx == nil {
+		return invalid(ErrInvalid, "confirm %q: nil context", l.key)
+	}
+	if err := l.awaitHandover(ctx); err != nil {
+		return wrap("confirm", l.key, err)
+	}
+	return l.Err()
+}
+
 // Renew extends the lease by its TTL from now. It returns an error wrapping
 // ErrLost, and sends nothing to the store, when the lease is already lost;
 // ErrReleased after Release. When the store says the lock is no longer this
