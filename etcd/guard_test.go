@@ -89,9 +89,12 @@ func TestTxnIfHeld(t *testing.T) {
 	}
 	defer l2.Release(context.Background())
 	for name, err := range map[string]error{
-		"nil lease":      func() error { _, err := b.TxnIfHeld(ctx, nil, clientv3.OpPut("data/job", "x")); return err }(),
-		"no operations":  func() error { _, err := b.TxnIfHeld(ctx, l2); return err }(),
-		"backend's keys": func() error { _, err := b.TxnIfHeld(ctx, l2, clientv3.OpDelete(etcd.DefaultPrefix+"k/job")); return err }(),
+		"nil lease":     func() error { _, err := b.TxnIfHeld(ctx, nil, clientv3.OpPut("data/job", "x")); return err }(),
+		"no operations": func() error { _, err := b.TxnIfHeld(ctx, l2); return err }(),
+		"backend's keys": func() error {
+			_, err := b.TxnIfHeld(ctx, l2, clientv3.OpDelete(etcd.DefaultPrefix+"k/job"))
+			return err
+		}(),
 	} {
 		if !errors.Is(err, lock.ErrInvalid) {
 			t.Errorf("%s: %v; want ErrInvalid", name, err)
