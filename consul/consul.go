@@ -60,6 +60,28 @@
 // each then tries once, one of them gets the lock, and the others wait
 // again: Consul has no way to wake one.
 //
+// # Guarded writes
+//
+// Backend.TxnIfHeld runs a Consul transaction only if a lease still holds
+// its lock. Before the caller's operations it puts two checks on the lock's
+// entry: that it is locked by the lease's session (check-session), and that
+// its ModifyIndex is still the lease's fence (check-index). The second is
+// needed because sessions are reused: the successor of a released lock may
+// hold it on the very same session, so the session check alone could pass
+// for a former holder; but every acquisition writes the entry at a new
+// index, and nothing else writes it while the lock is held (renewals renew
+// the session only). Consul applies checks and operations in one Raft
+// write: the operations land only while the lock is the lease's, and
+// otherwise nothing is written (an error wrapping backend.ErrNotHeld).
+//
+// This is stronger than a fence check at the resource: a resource that
+// rejects old fences refuses a former holder only once a successor has
+// written with a higher fence, whereas the store refuses the guarded
+// write the moment the lock is gone (released, expired, its session
+// destroyed), even before anyone else acquires it. But it only guards data
+// in the same Consul datacenter (a transaction spans one): for anything
+// else, send Lease.Fence with every write.
+//
 // # URLs
 //
 // consul://host:port and consuls://host:port (HTTPS), with parameters

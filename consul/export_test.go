@@ -1,0 +1,14 @@
+package consul
+
+import (
+	"context"
+
+	"github.com/hashicorp/consul/api"
+)
+
+// GuardedTxn sends the transaction TxnIfHeld sends for a lock of key that
+// this backend believes session holds since fence, whatever it knows: tests
+// use it to show what the store alone refuses.
+func (b *Backend) GuardedTxn(ctx context.Context, key, session string, fence uint64, ops api.TxnOps) (*api.TxnResponse, error) {
+	return b.guardedTxn(ctx, key, held{name: b.entry(key), session: session, fence: fence}, ops)
+}
