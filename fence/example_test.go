@@ -1,0 +1,86 @@
+package fence_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	_ "modernc.org/sqlite"
+
+	"github.com/distlock/lock"
+	"github.com/distlock/lock/fence"
+	"github.com/distlock/lock/memory"
+)
+
+func ExampleTable_Apply() {
+	ctx := context.Background()
+	db, _ := sql.Open("sqlite", ":memory:")
+	db.SetMaxOpenConns(1) // each connection to ":memory:" is a database of its own
+	defer db.Close()
+	db.ExecContext(ctx, `CREATE TABLE invoices (id INTEGER PRIMARY KEY, status TEXT)`)
+	db.ExecContext(ctx, `INSERT INTO invoices VALUES (7, 'open')`)
+	fences, _ := fence.NewTable(fence.SQLite, "fences")
+	fences.Create(ctx, db)
+
+	// pay writes invoice 7 in one transaction with the fence check.
+	pay := func(l *lock.Lease, status string) error {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		if err := fences.Apply(ctx, tx, "invoice:7", l.Fence(), l.Token()); err != nil {
+			return err // fence.ErrStale: a newer holder wrote first
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE invoices SET status = ? WHERE id = 7`, status); err != nil {
+			return err
+		}
+		return tx.Commit()
+	}
+
+	store := memory.NewStore()
+	clientA, _ := lock.New(store.NewClient(), lock.WithAutoRenew(false))
+	clientB, _ := lock.New(store.NewClient())
+	defer clientA.Close()
+	defer clientB.Close()
+
+	// A takes the lock, then pauses (a long GC, say) past its TTL.
+	a, _ := clientA.TryAcquire(ctx, "invoice:7", lock.WithTTL(20*time.Millisecond))
+	<-a.Done()
+
+	// B takes over and writes; A wakes up and writes too, too late.
+	b, _ := clientB.Acquire(ctx, "invoice:7")
+	defer b.Release(ctx)
+	fmt.Println("B:", pay(b, "paid by B"))
+	fmt.Println("A:", pay(a, "paid by A"))
+
+	var status string
+	db.QueryRowContext(ctx, `SELECT status FROM invoices WHERE id = 7`).Scan(&status)
+	fmt.Println("status:", status)
+	// Output:
+	// B: <nil>
+	// A: fence: stale fence 1 for "invoice:7": fence 2 was already accepted
+	// status: paid by B
+}
+
+func ExampleGuard_Do() {
+	var guard fence.Guard // one per process; zero value ready
+	var file []string     // the protected resource
+
+	write := func(fenceNo uint64, holder, line string) error {
+		return guard.Do("report.txt", fenceNo, holder, func() error {
+			file = append(file, line) // runs only while fenceNo is the newest
+			return nil
+		})
+	}
+	fmt.Println(write(7, "lease-a", "A, fence 7"))
+	fmt.Println(write(8, "lease-b", "B, fence 8"))
+	fmt.Println(write(7, "lease-a", "A again, after its pause"))
+	fmt.Println(file)
+	// Output:
+	// <nil>
+	// <nil>
+	// fence: stale fence 7 for "report.txt": fence 8 was already accepted
+	// [A, fence 7 B, fence 8]
+}
