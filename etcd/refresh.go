@@ -44,8 +44,14 @@ type refresher struct {
 type kaStream struct {
 	stream  pb.Lease_LeaseKeepAliveClient
 	cancel  context.CancelFunc
-	pending []chan kaAnswer // in send order
+	pending []kaWaiter // in send order
 	broken  bool
+}
+
+// kaWaiter is a keep-alive sent on a stream, waiting for its answer.
+type kaWaiter struct {
+	id clientv3.LeaseID
+	ch chan kaAnswer
 }
 
 type kaAnswer struct {
@@ -104,7 +110,7 @@ func (r *refresher) send(ch chan kaAnswer, id clientv3.LeaseID) error {
 			r.mu.Unlock()
 			return err
 		}
-		s.pending = append(s.pending, ch)
+		s.pending = append(s.pending, kaWaiter{id, ch})
 		r.mu.Unlock()
 		err = s.stream.Send(&pb.LeaseKeepAliveRequest{ID: int64(id)})
 		if err == nil {
@@ -117,7 +123,7 @@ func (r *refresher) send(ch chan kaAnswer, id clientv3.LeaseID) error {
 		// only then: a request it accepted is on its way).
 		r.mu.Lock()
 		r.breakLocked(s)
-		mine := len(s.pending) > 0 && s.pending[len(s.pending)-1] == ch
+		mine := len(s.pending) > 0 && s.pending[len(s.pending)-1].ch == ch
 		if mine {
 			s.pending = s.pending[:len(s.pending)-1]
 		}
@@ -162,24 +168,27 @@ func (r *refresher) receive(s *kaStream) {
 			waiting := s.pending
 			s.pending = nil
 			r.mu.Unlock()
-			for _, ch := range waiting {
-				ch <- kaAnswer{err: fmt.Errorf("etcd: keep-alive stream broke before the answer: %w", err)}
+			for _, w := range waiting {
+				w.ch <- kaAnswer{err: fmt.Errorf("etcd: keep-alive stream broke before the answer: %w", err)}
 			}
 			return
 		}
-		if len(s.pending) == 0 {
-			// An answer nobody asked for: the stream is out of step.
+		if len(s.pending) == 0 || s.pending[0].id != clientv3.LeaseID(resp.ID) {
+			// An answer nobody asked for, or for another lease than
+			// the first waiting: the stream is out of step. Its
+			// waiters fail (unknown outcome) once Recv fails, now that
+			// the stream is cancelled.
 			r.breakLocked(s)
 			r.mu.Unlock()
-			continue // Recv fails now that the stream is cancelled
+			continue
 		}
-		ch := s.pending[0]
+		w := s.pending[0]
 		s.pending = s.pending[1:]
 		r.mu.Unlock()
 		if resp.TTL <= 0 {
-			ch <- kaAnswer{err: rpctypes.ErrLeaseNotFound}
+			w.ch <- kaAnswer{err: rpctypes.ErrLeaseNotFound}
 		} else {
-			ch <- kaAnswer{ttl: resp.TTL}
+			w.ch <- kaAnswer{ttl: resp.TTL}
 		}
 	}
 }
