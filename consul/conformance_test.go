@@ -102,3 +102,10 @@ func TestConformance(t *testing.T) {
 		return &harness{t: t, agent: consultest.Start(t)}
 	}, conformance.RequireHooks())
 }
+
+// Seeded randomized fault runs (conformance.RunFaults).
+func TestFaultRuns(t *testing.T) {
+	conformance.RunFaults(t, func(t *testing.T) conformance.Harness {
+		return &harness{t: t, agent: consultest.Start(t)}
+	})
+}

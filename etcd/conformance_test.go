@@ -85,3 +85,10 @@ func TestConformance(t *testing.T) {
 		return &harness{t: t, srv: startEtcd(t)}
 	}, conformance.RequireHooks())
 }
+
+// Seeded randomized fault runs (conformance.RunFaults).
+func TestFaultRuns(t *testing.T) {
+	conformance.RunFaults(t, func(t *testing.T) conformance.Harness {
+		return &harness{t: t, srv: startEtcd(t)}
+	})
+}

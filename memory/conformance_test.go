@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -246,4 +247,36 @@ func tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return fmt.Sprint(strings.Join(lines, "\n"))
+}
+
+// Seeded randomized fault runs against the in-process store.
+func TestFaultRuns(t *testing.T) {
+	conformance.RunFaults(t, func(t *testing.T) conformance.Harness { return harness{NewStore()} })
+}
+
+// Negative controls for the fault runs: a store with a flaw that breaks
+// exclusion or fences is caught in at least 95% of short runs.
+func TestFaultRunsCatchFlaws(t *testing.T) {
+	const runs = 10 // all 10 must catch it: 95% of 10, rounded up
+	for _, name := range []string{"expire-early", "repeat-fence", "release-ignores-token"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel() // mostly sleeping: sections and faults
+			caught := 0
+			for i := range runs {
+				store := NewStore()
+				flawSwitches[name](&store.flaws)
+				seed := uint64(1000 + i)
+				v := conformance.FaultRun(t, harness{store}, seed, conformance.FaultDuration(5*time.Second), conformance.FaultContenders(6))
+				if len(v) > 0 {
+					caught++
+				} else {
+					t.Logf("seed %d: the flaw went unseen", seed)
+				}
+			}
+			t.Logf("%s caught in %d of %d runs", name, caught, runs)
+			if caught*100 < 95*runs {
+				t.Errorf("%s caught in %d of %d fault runs; want at least 95%%", name, caught, runs)
+			}
+		})
+	}
 }

@@ -273,3 +273,17 @@ func TestConformanceRedlock5(t *testing.T) {
 		return newRedlockHarness(t, 5, redistest.AOFAlways)
 	}, conformance.RequireHooks())
 }
+
+// Seeded randomized fault runs (conformance.RunFaults): the single node with
+// appendfsync always, and Redlock over 3 nodes.
+func TestFaultRunsSingleNode(t *testing.T) {
+	conformance.RunFaults(t, func(t *testing.T) conformance.Harness {
+		return &singleHarness{proxied: proxied{t: t}, srv: redistest.Start(t, redistest.AOFAlways), durable: true}
+	})
+}
+
+func TestFaultRunsRedlock3(t *testing.T) {
+	conformance.RunFaults(t, func(t *testing.T) conformance.Harness {
+		return newRedlockHarness(t, 3, redistest.AOFAlways)
+	})
+}

@@ -96,3 +96,12 @@ func TestConformance(t *testing.T) {
 		t.Errorf("%d locks left held after the suite; want 0", n)
 	}
 }
+
+// Seeded randomized fault runs (conformance.RunFaults) against the
+// reference store, with every hook.
+func TestFaultRuns(t *testing.T) {
+	conformance.RunFaults(t, func(t *testing.T) conformance.Harness {
+		store := memory.NewStore()
+		return &harness{t: t, store: store, srv: serve(t, store)}
+	})
+}

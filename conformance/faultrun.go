@@ -1,0 +1,412 @@
+package conformance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/distlock/lock"
+	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/fence"
+)
+
+// Randomized fault runs: contenders take and release locks on a few keys
+// while a seeded schedule injects one fault every 1 to 5 seconds, drawn from
+// the hooks the harness offers: the store paused shorter and longer than
+// the TTL, restarted keeping its data (for stores whose fences are
+// durable), one client cut off, replies held after the store acted and then
+// delivered late or dropped. Then the faults heal and the run is checked:
+//
+//   - the validity intervals of the holders of one key never overlap on this
+//     process's monotonic clock (an interval runs from Acquire's return to
+//     the earlier of the lease's deadline and the call of Release);
+//   - a fenced resource (fence.Guard) never refuses the write of a lease
+//     that is still valid: that would mean a lower fence was handed out
+//     after a higher one;
+//   - every lost signal (Done closing with ErrLost) fires no later than the
+//     lease's deadline plus the suite's scheduling slack;
+//   - the porcupine check of the history against the lease-lock model.
+//
+// A run's seed is printed; a failing run writes its fault schedule and
+// violations to a file (the path is printed) and is replayed with
+// LOCK_FAULT_SEED=seed (the schedule repeats; the timing of the contenders
+// does not). LOCK_FAULT_RUNS sets the number of runs (say 100 on demand),
+// LOCK_FAULT_DURATION the length of each.
+
+// FaultOption configures RunFaults.
+type FaultOption func(*faultOptions)
+
+type faultOptions struct {
+	runs       int
+	duration   time.Duration
+	contenders int
+	keys       int
+}
+
+// FaultRuns sets how many seeded runs RunFaults makes (default 5;
+// LOCK_FAULT_RUNS overrides it).
+func FaultRuns(n int) FaultOption { return func(o *faultOptions) { o.runs = n } }
+
+// FaultDuration sets the length of each run before the faults heal
+// (default 10s; LOCK_FAULT_DURATION overrides it).
+func FaultDuration(d time.Duration) FaultOption { return func(o *faultOptions) { o.duration = d } }
+
+// FaultKeys sets how many keys the contenders share (default 2).
+func FaultKeys(n int) FaultOption { return func(o *faultOptions) { o.keys = n } }
+
+// FaultContenders sets how many clients contend, each with a backend of its
+// own (default 4).
+func FaultContenders(n int) FaultOption { return func(o *faultOptions) { o.contenders = n } }
+
+func faultOptionsOf(opts []FaultOption) (faultOptions, error) {
+	o := faultOptions{runs: 5, duration: 10 * time.Second, contenders: 4, keys: 2}
+	for _, f := range opts {
+		if f != nil {
+			f(&o)
+		}
+	}
+	if v := os.Getenv("LOCK_FAULT_RUNS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return o, fmt.Errorf("LOCK_FAULT_RUNS=%q: want a count of 1 or more", v)
+		}
+		o.runs = n
+	}
+	if v := os.Getenv("LOCK_FAULT_DURATION"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return o, fmt.Errorf("LOCK_FAULT_DURATION=%q: want a positive Go duration such as 10s", v)
+		}
+		o.duration = d
+	}
+	if o.runs < 1 || o.duration <= 0 || o.contenders < 2 || o.keys < 1 {
+		return o, fmt.Errorf("fault runs: %d runs of %v with %d contenders on %d keys; want at least 1 run, a positive duration, 2 contenders and 1 key", o.runs, o.duration, o.contenders, o.keys)
+	}
+	return o, nil
+}
+
+// RunFaults makes seeded randomized fault runs against the store newHarness
+// gives (see the comment above FaultOption), each a subtest named by its
+// seed, and fails each run that finds a violation.
+func RunFaults(t *testing.T, newHarness func(t *testing.T) Harness, opts ...FaultOption) {
+	t.Helper()
+	o, err := faultOptionsOf(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t)
+	if h == nil {
+		t.Fatal("conformance: newHarness returned nil")
+	}
+	s := newSuite(t, h)
+	seeds := make([]uint64, o.runs)
+	for i := range seeds {
+		seeds[i] = rand.Uint64() >> 1
+	}
+	if v := os.Getenv("LOCK_FAULT_SEED"); v != "" {
+		seed, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatalf("LOCK_FAULT_SEED=%q: want a seed printed by an earlier run", v)
+		}
+		seeds = []uint64{seed}
+	}
+	for _, seed := range seeds {
+		t.Run(strconv.FormatUint(seed, 10), func(t *testing.T) {
+			r := s.faultRun(t, seed, o)
+			t.Logf("seed %d: %s", seed, r.summary())
+			if len(r.violations) > 0 {
+				path := r.save(t, seed)
+				t.Errorf("seed %d: %d violations (replay: LOCK_FAULT_SEED=%d; schedule and violations in %s):\n%s", seed, len(r.violations), seed, path, strings.Join(r.violations, "\n"))
+			}
+		})
+	}
+}
+
+// FaultRun makes one seeded fault run against h and returns the violations
+// it found: for negative controls, which run a store with a known flaw and
+// require the runs to find it.
+func FaultRun(t *testing.T, h Harness, seed uint64, opts ...FaultOption) []string {
+	t.Helper()
+	o, err := faultOptionsOf(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newSuite(t, h).faultRun(t, seed, o).violations
+}
+
+// faultResult is what a run saw.
+type faultResult struct {
+	faults     []string
+	violations []string
+	sections   int
+	lost       int
+	errs       int
+}
+
+func (r *faultResult) summary() string {
+	return fmt.Sprintf("%d sections, %d leases lost, %d failed acquires or releases, %d faults [%s], %d violations", r.sections, r.lost, r.errs, len(r.faults), strings.Join(r.faults, "; "), len(r.violations))
+}
+
+func (r *faultResult) save(t *testing.T, seed uint64) string {
+	dir := filepath.Join(os.TempDir(), "lock-faultruns")
+	path := filepath.Join(dir, fmt.Sprintf("%s-%d.txt", strings.ReplaceAll(t.Name(), "/", "_"), seed))
+	text := fmt.Sprintf("%s\nseed %d\nfaults:\n  %s\nviolations:\n  %s\n", t.Name(), seed, strings.Join(r.faults, "\n  "), strings.Join(r.violations, "\n  "))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "(not saved: " + err.Error() + ")"
+	}
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		return "(not saved: " + err.Error() + ")"
+	}
+	return path
+}
+
+// interval is one holder's validity on one key.
+type interval struct {
+	client      int
+	fence       uint64
+	start, end  time.Time
+	startOffset time.Duration
+}
+
+func (s *suite) faultRun(t *testing.T, seed uint64, o faultOptions) *faultResult {
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	ttl := s.short
+	begin := time.Now()
+	at := func() string { return time.Since(begin).Round(time.Millisecond).String() }
+	res := &faultResult{}
+	var mu sync.Mutex
+	violate := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(res.violations) < 50 {
+			res.violations = append(res.violations, at()+": "+fmt.Sprintf(format, args...))
+		}
+	}
+
+	keys := make([]string, o.keys)
+	for i := range keys {
+		keys[i] = s.key(t)
+	}
+	backends := make([]backend.Backend, o.contenders)
+	clients := make([]*lock.Client, o.contenders)
+	for i := range clients {
+		backends[i] = s.backend(t)
+		clients[i] = s.clientOver(t, backends[i], lock.WithTTL(ttl))
+	}
+	rec := newRecorder()
+	var guard fence.Guard
+	intervals := map[string][]interval{}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+
+	var wg sync.WaitGroup
+	for i, c := range clients {
+		crng := rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64()))
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				key := keys[crng.IntN(len(keys))]
+				// Sections of three kinds: renewed automatically
+				// and up to twice the TTL; not renewed and within
+				// the TTL; not renewed and overrunning it (the
+				// lease is lost, and released after).
+				var opts []lock.Option
+				var hold time.Duration
+				switch crng.IntN(4) {
+				case 0, 1:
+					hold = time.Duration(crng.Int64N(int64(2 * ttl)))
+				case 2:
+					opts = append(opts, lock.WithAutoRenew(false))
+					hold = time.Duration(crng.Int64N(int64(ttl * 9 / 10)))
+				case 3:
+					opts = append(opts, lock.WithAutoRenew(false))
+					hold = ttl + time.Duration(crng.Int64N(int64(ttl/2)))
+				}
+				// A third of the attempts do not wait: a key
+				// freed early is then taken at once.
+				wait := crng.IntN(3) > 0
+				actx, cancel := context.WithTimeout(ctx, 3*ttl)
+				l, err := rec.acquire(actx, i, c, key, wait, ttl, opts...)
+				cancel()
+				if !wait && errors.Is(err, lock.ErrLocked) {
+					sleepCtx(ctx, time.Duration(crng.Int64N(int64(ttl/10)))) // the caller's own pace
+					continue
+				}
+				if err != nil {
+					if ctx.Err() == nil {
+						mu.Lock()
+						res.errs++
+						mu.Unlock()
+					}
+					continue
+				}
+				start := time.Now()
+				signal := make(chan time.Time, 1)
+				go func() { <-l.Done(); signal <- time.Now() }()
+				// The section: a guarded write, some work, another.
+				write := func() {
+					err := guard.Do(key, l.Fence(), l.Token(), func() error { return nil })
+					if errors.Is(err, fence.ErrStale) && time.Now().Before(l.Deadline()) && l.Err() == nil {
+						violate("client %d: a fenced resource refused fence %d of a valid lease of %q: a lower fence was handed out after a higher one (%v)", i, l.Fence(), key, err)
+					}
+				}
+				write()
+				sleepCtx(ctx, hold)
+				write()
+				end := time.Now()
+				if dl := l.Deadline(); dl.Before(end) {
+					end = dl
+				}
+				rctx, rcancel := context.WithTimeout(context.Background(), 3*ttl)
+				err = rec.release(rctx, i, l)
+				rcancel()
+				closed := <-signal
+				mu.Lock()
+				res.sections++
+				if err != nil {
+					res.errs++
+				}
+				if errors.Is(l.Err(), lock.ErrLost) {
+					res.lost++
+					if late := closed.Sub(l.Deadline()); late > s.slack && closed.Before(end) {
+						// Done closed after the deadline by more
+						// than the slack while the section was
+						// still running.
+						res.violations = append(res.violations, fmt.Sprintf("%s: client %d: the lost signal of %q fired %v after the deadline", at(), i, key, late.Round(time.Millisecond)))
+					}
+				}
+				intervals[key] = append(intervals[key], interval{client: i, fence: l.Fence(), start: start, end: end, startOffset: start.Sub(begin)})
+				mu.Unlock()
+			}
+		})
+	}
+
+	// The fault schedule.
+	faults := s.faultMenu(backends, ttl)
+	deadline := begin.Add(o.duration)
+	var heal []func()
+	for len(faults) > 0 {
+		wait := time.Second + time.Duration(rng.Int64N(int64(4*time.Second)))
+		if time.Now().Add(wait).After(deadline) {
+			break
+		}
+		time.Sleep(wait) // the schedule's own pace, not synchronisation
+		f := faults[rng.IntN(len(faults))]
+		d := f.durations[rng.IntN(len(f.durations))]
+		target := rng.IntN(len(backends))
+		name := f.name
+		if f.perClient {
+			name += fmt.Sprintf(" client %d", target)
+		}
+		res.faults = append(res.faults, fmt.Sprintf("%s %s for %v", at(), name, d))
+		undo, err := f.start(target)
+		if err != nil {
+			violate("fault %s: the harness failed: %v", name, err)
+			continue
+		}
+		heal = append(heal, undo)
+		time.Sleep(d) // the fault lasts d
+		undo()
+		heal = heal[:len(heal)-1]
+	}
+	if rest := time.Until(deadline); rest > 0 {
+		time.Sleep(rest)
+	}
+	for _, undo := range heal {
+		undo()
+	}
+	stop()
+	wg.Wait()
+
+	for key, ivs := range intervals {
+		slices.SortFunc(ivs, func(a, b interval) int { return a.start.Compare(b.start) })
+		for i := range ivs {
+			for j := i + 1; j < len(ivs) && ivs[j].start.Before(ivs[i].end); j++ {
+				if ivs[j].end.After(ivs[j].start) && ivs[i].end.After(ivs[i].start) {
+					res.violations = append(res.violations, fmt.Sprintf("overlap on %q: client %d (fence %d) valid from %v for %v, client %d (fence %d) from %v", key, ivs[i].client, ivs[i].fence, ivs[i].startOffset.Round(time.Millisecond), ivs[i].end.Sub(ivs[i].start).Round(time.Millisecond), ivs[j].client, ivs[j].fence, ivs[j].startOffset.Round(time.Millisecond)))
+				}
+			}
+		}
+	}
+	if err := rec.check(checkBudget); err != nil {
+		res.violations = append(res.violations, "history: "+err.Error())
+	}
+	return res
+}
+
+// sleepCtx sleeps for d or until ctx ends: a section's simulated work.
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// A fault the harness can inject: start it for client target (ignored
+// unless perClient) and get the function that heals it.
+type fault struct {
+	name      string
+	perClient bool
+	durations []time.Duration
+	start     func(target int) (heal func(), err error)
+}
+
+// faultMenu lists the faults the harness's hooks allow.
+func (s *suite) faultMenu(backends []backend.Backend, ttl time.Duration) []fault {
+	ctx := context.Background()
+	shortLong := []time.Duration{ttl / 2, 2 * ttl}
+	var out []fault
+	if p, ok := s.h.(Pauser); ok {
+		out = append(out, fault{name: "store paused", durations: shortLong, start: func(int) (func(), error) {
+			if err := p.Pause(ctx); err != nil {
+				return func() {}, err
+			}
+			return func() { p.Resume(ctx) }, nil
+		}})
+	}
+	if r, ok := s.h.(Restarter); ok && s.caps.DurableFence {
+		out = append(out, fault{name: "store restarted keeping its data", durations: []time.Duration{0}, start: func(int) (func(), error) {
+			return func() {}, r.Restart(ctx, true)
+		}})
+	}
+	if d, ok := s.h.(Disconnecter); ok {
+		out = append(out, fault{name: "cut off", perClient: true, durations: shortLong, start: func(i int) (func(), error) {
+			if err := d.Disconnect(ctx, unguarded(backends[i])); err != nil {
+				return func() {}, err
+			}
+			return func() { d.Reconnect(ctx, unguarded(backends[i])) }, nil
+		}})
+	}
+	if rh, ok := s.h.(ReplyHolder); ok {
+		for _, drop := range []bool{false, true} {
+			name := "replies held, then delivered late"
+			if drop {
+				name = "replies held, then dropped"
+			}
+			out = append(out, fault{name: name, perClient: true, durations: shortLong, start: func(i int) (func(), error) {
+				b := unguarded(backends[i])
+				if err := rh.HoldReplies(ctx, b); err != nil {
+					return func() {}, err
+				}
+				return func() {
+					if drop {
+						rh.DropReplies(ctx, b)
+					} else {
+						rh.DeliverReplies(ctx, b)
+					}
+				}, nil
+			}})
+		}
+	}
+	return out
+}
