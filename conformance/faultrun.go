@@ -30,8 +30,8 @@ import (
 //     process's monotonic clock (an interval runs from Acquire's return to
 //     the earlier of the lease's deadline and the call of Release);
 //   - a fenced resource (fence.Guard) never refuses the write of a lease
-//     that is still valid: that would mean a lower fence was handed out
-//     after a higher one;
+//     that is still valid: that would mean that a holder with a higher
+//     fence wrote while the lease was valid, or that fences went backwards;
 //   - every lost signal (Done closing with ErrLost) fires no later than the
 //     lease's deadline plus the suite's scheduling slack;
 //   - the porcupine check of the history against the lease-lock model.
@@ -153,7 +153,7 @@ type faultResult struct {
 }
 
 func (r *faultResult) summary() string {
-	return fmt.Sprintf("%d sections, %d leases lost, %d failed acquires or releases, %d faults [%s], %d violations", r.sections, r.lost, r.errs, len(r.faults), strings.Join(r.faults, "; "), len(r.violations))
+	return fmt.Sprintf("%d sections, %d leases lost, %d acquires or releases returned errors (releases of lost leases included), %d faults [%s], %d violations", r.sections, r.lost, r.errs, len(r.faults), strings.Join(r.faults, "; "), len(r.violations))
 }
 
 func (r *faultResult) save(t *testing.T, seed uint64) string {
@@ -255,7 +255,7 @@ func (s *suite) faultRun(t *testing.T, seed uint64, o faultOptions) *faultResult
 				write := func() {
 					err := guard.Do(key, l.Fence(), l.Token(), func() error { return nil })
 					if errors.Is(err, fence.ErrStale) && time.Now().Before(l.Deadline()) && l.Err() == nil {
-						violate("client %d: a fenced resource refused fence %d of a valid lease of %q: a lower fence was handed out after a higher one (%v)", i, l.Fence(), key, err)
+						violate("client %d: a fenced resource refused fence %d of a lease of %q that is still valid: a holder with a higher fence wrote while this lease was valid (two valid leases at once), or fences went backwards (%v)", i, l.Fence(), key, err)
 					}
 				}
 				write()

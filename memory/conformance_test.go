@@ -268,6 +268,9 @@ func TestFaultRunsCatchFlaws(t *testing.T) {
 				seed := uint64(1000 + i)
 				v := conformance.FaultRun(t, harness{store}, seed, conformance.FaultDuration(5*time.Second), conformance.FaultContenders(6))
 				if len(v) > 0 {
+					if caught == 0 {
+						t.Logf("seed %d, first of %d violations: %s", seed, len(v), v[0])
+					}
 					caught++
 				} else {
 					t.Logf("seed %d: the flaw went unseen", seed)
