@@ -1,6 +1,7 @@
 package etcd_test
 
 import (
+	"context"
 	"errors"
 	"sync"
 	"testing"
@@ -77,16 +78,10 @@ func TestAcquireWithAKeepAliveOfUnknownOutcome(t *testing.T) {
 	b, cli := newBackend(t, srv.Addr)
 	ctx := ctxFor(t)
 	const ttl = 5 * time.Second
-	tok := newToken()
-	if _, err := b.Acquire(ctx, "k", tok, ttl); err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
-	if err := b.Release(ctx, "k", tok); err != nil { // its lease goes idle
-		t.Fatalf("Release: %v", err)
-	}
+	idleLease(ctx, t, b, ttl)
 	var once sync.Once
 	etcd.AfterKeepAliveSent(b, func() { once.Do(func() { etcd.BreakKeepAliveStream(b) }) })
-	tok = newToken()
+	tok := newToken()
 	_, err := b.Acquire(ctx, "k", tok, ttl)
 	if err == nil {
 		t.Fatal("Acquire reported a grant although the refresh of its lease has an unknown outcome")
@@ -135,13 +130,7 @@ func TestAcquireWhenTheIdleLeaseIsGone(t *testing.T) {
 	b, cli := newBackend(t, srv.Addr)
 	ctx := ctxFor(t)
 	const ttl = 5 * time.Second
-	tok := newToken()
-	if _, err := b.Acquire(ctx, "k", tok, ttl); err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
-	if err := b.Release(ctx, "k", tok); err != nil {
-		t.Fatalf("Release: %v", err)
-	}
+	idleLease(ctx, t, b, ttl)
 	ls, err := cli.Leases(ctx)
 	if err != nil {
 		t.Fatalf("Leases: %v", err)
@@ -152,7 +141,7 @@ func TestAcquireWhenTheIdleLeaseIsGone(t *testing.T) {
 		}
 	}
 	sent := time.Now()
-	tok = newToken()
+	tok := newToken()
 	g, err := b.Acquire(ctx, "k", tok, ttl)
 	if err != nil {
 		t.Fatalf("Acquire with the idle lease gone: %v", err)
@@ -181,4 +170,17 @@ func TestAcquireWhenTheIdleLeaseIsGone(t *testing.T) {
 		return
 	}
 	t.Fatal("the lock key is not on the store")
+}
+
+// idleLease acquires and releases key "k" on b, which leaves b an idle
+// lease of ttl to reuse.
+func idleLease(ctx context.Context, t *testing.T, b *etcd.Backend, ttl time.Duration) {
+	t.Helper()
+	tok := newToken()
+	if _, err := b.Acquire(ctx, "k", tok, ttl); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if err := b.Release(ctx, "k", tok); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
 }
