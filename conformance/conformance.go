@@ -133,6 +133,23 @@ type ReplyHolder interface {
 	DropReplies(ctx context.Context, b backend.Backend) error
 }
 
+// Delayer is an optional Harness hook: every byte between b and the store
+// arrives d late, in order, both ways, until Undelay (bytes already on
+// their way keep their delay). b is a backend the harness returned from
+// NewBackend.
+type Delayer interface {
+	Delay(ctx context.Context, b backend.Backend, d time.Duration) error
+	Undelay(ctx context.Context, b backend.Backend) error
+}
+
+// ConnResetter is an optional Harness hook: b's open connections to the
+// store are reset at once (an RST both ways, whatever was on its way is
+// lost); new connections work. b is a backend the harness returned from
+// NewBackend.
+type ConnResetter interface {
+	ResetConns(ctx context.Context, b backend.Backend) error
+}
+
 // Restarter is an optional Harness hook: the store restarts, keeping its data
 // (in its documented durable configuration) or losing it. Clients returned
 // before may need to reconnect; backends are expected to do that on their

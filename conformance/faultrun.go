@@ -23,8 +23,9 @@ import (
 // while a seeded schedule injects one fault every 1 to 5 seconds, drawn from
 // the hooks the harness offers: the store paused shorter and longer than
 // the TTL, restarted keeping its data (for stores whose fences are
-// durable), one client cut off, replies held after the store acted and then
-// delivered late or dropped. Then the faults heal and the run is checked:
+// durable), one client cut off, one client's traffic delayed by a fifth of
+// the TTL each way, one client's connections reset, replies held after the
+// store acted and then delivered late or dropped. Then the faults heal and the run is checked:
 //
 //   - the validity intervals of the holders of one key never overlap on this
 //     process's monotonic clock (an interval runs from Acquire's return to
@@ -372,6 +373,19 @@ func (s *suite) faultMenu(backends []backend.Backend, ttl time.Duration) []fault
 				return func() {}, err
 			}
 			return func() { p.Resume(ctx) }, nil
+		}})
+	}
+	if dl, ok := s.h.(Delayer); ok {
+		out = append(out, fault{name: fmt.Sprintf("latency %v each way", ttl/5), perClient: true, durations: shortLong, start: func(i int) (func(), error) {
+			if err := dl.Delay(ctx, unguarded(backends[i]), ttl/5); err != nil {
+				return func() {}, err
+			}
+			return func() { dl.Undelay(ctx, unguarded(backends[i])) }, nil
+		}})
+	}
+	if cr, ok := s.h.(ConnResetter); ok {
+		out = append(out, fault{name: "connections reset", perClient: true, durations: []time.Duration{0}, start: func(i int) (func(), error) {
+			return func() {}, cr.ResetConns(ctx, unguarded(backends[i]))
 		}})
 	}
 	if r, ok := s.h.(Restarter); ok && s.caps.DurableFence {

@@ -86,6 +86,18 @@ func (p *proxied) DropReplies(_ context.Context, b backend.Backend) error {
 	})
 }
 
+func (p *proxied) Delay(_ context.Context, b backend.Backend, d time.Duration) error {
+	return p.each(b, func(px *faultproxy.Proxy) { px.Delay(faultproxy.Both, d) })
+}
+
+func (p *proxied) Undelay(_ context.Context, b backend.Backend) error {
+	return p.each(b, func(px *faultproxy.Proxy) { px.Delay(faultproxy.Both, 0) })
+}
+
+func (p *proxied) ResetConns(_ context.Context, b backend.Backend) error {
+	return p.each(b, (*faultproxy.Proxy).Reset)
+}
+
 func (p *proxied) each(b backend.Backend, f func(*faultproxy.Proxy)) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -4,12 +4,13 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/distlock/lock/backend"
 )
 
 // Hooks gives a conformance harness its network hooks (conformance's
-// Disconnecter and ReplyHolder) from the proxies of each backend: register
+// Disconnecter, ReplyHolder, Delayer and ConnResetter) from the proxies of each backend: register
 // a backend's proxies with Add when the harness makes it, and Forget them
 // when it closes. Embed a Hooks in a harness; its zero value is ready.
 type Hooks struct {
@@ -88,4 +89,19 @@ func (h *Hooks) All(f func(*Proxy)) {
 			f(p)
 		}
 	}
+}
+
+// Delay delays b's traffic by d both ways (conformance.Delayer).
+func (h *Hooks) Delay(_ context.Context, b backend.Backend, d time.Duration) error {
+	return h.each(b, func(p *Proxy) { p.Delay(Both, d) })
+}
+
+// Undelay ends Delay for b.
+func (h *Hooks) Undelay(_ context.Context, b backend.Backend) error {
+	return h.each(b, func(p *Proxy) { p.Delay(Both, 0) })
+}
+
+// ResetConns resets b's open connections (conformance.ConnResetter).
+func (h *Hooks) ResetConns(_ context.Context, b backend.Backend) error {
+	return h.each(b, (*Proxy).Reset)
 }
