@@ -71,13 +71,23 @@
 // The hooks act on the network between the client and the store: run each
 // backend's connections through a conformance/faultproxy.Proxy and embed a
 // faultproxy.Hooks in the harness: it turns each backend's proxies into
-// Disconnect, Reconnect and the ReplyHolder hooks (see
+// Disconnect, Reconnect, the ReplyHolder, Delayer and ConnResetter hooks (see
 // memory/netstore/conformance_test.go in this module, a whole harness in
 // under 100 lines). Disconnect holds every byte in both
 // directions, on the connections open now and on new ones, without closing
 // anything, until Reconnect delivers what was held (Proxy.Cut and
 // Proxy.Heal). The suite uses Pauser only where the harness has no
 // Disconnecter, and calls Restart with keepData true only.
+//
+// # Randomized fault runs
+//
+// RunFaults makes seeded runs in which contenders take and release locks
+// while faults drawn from every hook the harness offers (Pauser, Restarter,
+// Disconnecter, ReplyHolder, Delayer, ConnResetter; faultproxy.Hooks gives
+// the last four) come every 1 to 5 seconds, and then checks that validity
+// intervals never overlapped, that a fenced resource never refused a valid
+// lease, that lost signals fired by the deadline, and the history; see
+// FaultOption.
 package conformance
 
 import (
