@@ -37,8 +37,9 @@ import (
 //     lease's deadline plus the suite's scheduling slack;
 //   - the porcupine check of the history against the lease-lock model.
 //
-// A run's seed is printed; a failing run writes its fault schedule and
-// violations to a file (the path is printed) and is replayed with
+// A run's seed is printed; a failing run writes its fault schedule, its
+// violations and its history (every acquire, renew and release with its
+// times and outcome) to a file (the path is printed) and is replayed with
 // LOCK_FAULT_SEED=seed (the schedule repeats; the timing of the contenders
 // does not). LOCK_FAULT_RUNS sets the number of runs (say 100 on demand),
 // LOCK_FAULT_DURATION the length of each.
@@ -148,6 +149,7 @@ func FaultRun(t *testing.T, h Harness, seed uint64, opts ...FaultOption) []strin
 type faultResult struct {
 	faults     []string
 	violations []string
+	history    []string // the operations, saved when the run fails
 	sections   int
 	lost       int
 	errs       int
@@ -159,8 +161,8 @@ func (r *faultResult) summary() string {
 
 func (r *faultResult) save(t *testing.T, seed uint64) string {
 	dir := filepath.Join(os.TempDir(), "lock-faultruns")
-	path := filepath.Join(dir, fmt.Sprintf("%s-%d.txt", strings.ReplaceAll(t.Name(), "/", "_"), seed))
-	text := fmt.Sprintf("%s\nseed %d\nfaults:\n  %s\nviolations:\n  %s\n", t.Name(), seed, strings.Join(r.faults, "\n  "), strings.Join(r.violations, "\n  "))
+	path := filepath.Join(dir, strings.ReplaceAll(t.Name(), "/", "_")+".txt") // the name ends in the seed
+	text := fmt.Sprintf("%s\nseed %d\nfaults:\n  %s\nviolations:\n  %s\nhistory:\n  %s\n", t.Name(), seed, strings.Join(r.faults, "\n  "), strings.Join(r.violations, "\n  "), strings.Join(r.history, "\n  "))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "(not saved: " + err.Error() + ")"
 	}
@@ -339,6 +341,9 @@ func (s *suite) faultRun(t *testing.T, seed uint64, o faultOptions) *faultResult
 	}
 	if err := rec.check(checkBudget); err != nil {
 		res.violations = append(res.violations, "history: "+err.Error())
+	}
+	if len(res.violations) > 0 {
+		res.history = rec.lines()
 	}
 	return res
 }

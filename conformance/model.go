@@ -1,10 +1,12 @@
 package conformance
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -243,6 +245,25 @@ func (r *recorder) add(client int, in modelInput, err error, fence uint64) {
 	r.mu.Lock()
 	r.ops = append(r.ops, porcupine.Operation{ClientId: client, Input: in, Call: in.call, Output: out, Return: out.ret})
 	r.mu.Unlock()
+}
+
+// lines returns the history as text, one operation a line, in call order:
+// what a failing fault run saves for replay and inspection.
+func (r *recorder) lines() []string {
+	r.mu.Lock()
+	ops := append([]porcupine.Operation(nil), r.ops...)
+	r.mu.Unlock()
+	slices.SortFunc(ops, func(a, b porcupine.Operation) int { return cmp.Compare(a.Call, b.Call) })
+	out := make([]string, 0, len(ops))
+	for _, op := range ops {
+		in, res := op.Input.(modelInput), op.Output.(modelOutput)
+		ret := "never"
+		if res.ret != math.MaxInt64 {
+			ret = time.Duration(res.ret).String()
+		}
+		out = append(out, fmt.Sprintf("client %d %s %q owner %s ttl %v: call %v, return %s, %s fence %d", op.ClientId, in.kind, in.key, short(in.owner), time.Duration(in.ttl), time.Duration(in.call), ret, res.res, res.fence))
+	}
+	return out
 }
 
 // acquire calls TryAcquire or Acquire on c and records the operation.
