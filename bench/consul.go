@@ -34,13 +34,7 @@ import (
 // processes would be). Requests per section are the HTTP requests the
 // clients sent (counted by their transports) per section.
 
-// consulPeer makes lockers over Consul clients: one per call of new.
-type consulPeer struct {
-	name string
-	new  func(cli *api.Client) locker
-}
-
-var consulPeers = []consulPeer{
+var consulPeers = []storePeer[*api.Client]{
 	{"lock", newConsulLock},
 	{"api.Lock, session per goroutine", newAPILockShared},
 	{"api.Lock, session per lock", newAPILockOwn},
@@ -251,15 +245,28 @@ func runConsul(rounds int, dur, hotDur time.Duration) {
 	defer stop()
 	waitConsul(addr)
 	fmt.Printf("consul agent %s (server, data dir), %d rounds, GOMAXPROCS %d\n\n", addr, rounds, runtimeProcs())
-	peers := make([]networkedPeer, len(consulPeers))
-	for i, p := range consulPeers {
-		peers[i] = networkedPeer{p.name, func(n *atomic.Int64) locker { return p.new(consulClient(addr, n)) }}
-	}
-	med := runNetworked(peers, rounds, dur, hotDur)
+	med := runNetworked(networked(consulPeers, func(n *atomic.Int64) *api.Client { return consulClient(addr, n) }), rounds, dur, hotDur)
 	fmt.Printf("lock / api.Lock (session per goroutine), one goroutine: %.2fx (target 1.0x)\n", med[0][0]/med[1][0])
 	fmt.Printf("lock / api.Lock (session per lock), one goroutine: %.2fx (target 1.5x)\n", med[0][0]/med[2][0])
 	fmt.Printf("hot key utilisation, one client: lock / api.Lock %.2fx (target 3x)\n", med[0][1]/max(med[1][1], med[2][1]))
 	fmt.Printf("hot key utilisation, 16 clients: lock / api.Lock %.2fx (target 3x)\n", med[0][2]/max(med[1][2], med[2][2]))
+}
+
+// storePeer makes lockers over clients of one store's client library: one
+// per call of new.
+type storePeer[C any] struct {
+	name string
+	new  func(cli C) locker
+}
+
+// networked turns peers into networkedPeers whose lockers each get a new
+// client from client, counting requests in the counter it is given.
+func networked[C any](peers []storePeer[C], client func(n *atomic.Int64) C) []networkedPeer {
+	out := make([]networkedPeer, len(peers))
+	for i, p := range peers {
+		out[i] = networkedPeer{p.name, func(n *atomic.Int64) locker { return p.new(client(n)) }}
+	}
+	return out
 }
 
 // networkedPeer makes a locker over a new client of a networked store,

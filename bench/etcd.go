@@ -30,12 +30,7 @@ import (
 // streams (keep-alives, watch requests), counted by interceptors, per
 // section.
 
-type etcdPeer struct {
-	name string
-	new  func(cli *clientv3.Client) locker
-}
-
-var etcdPeers = []etcdPeer{
+var etcdPeers = []storePeer[*clientv3.Client]{
 	{"lock", newEtcdLock},
 	{"concurrency.Mutex, session per goroutine", newMutexShared},
 	{"concurrency.Mutex, session per lock", newMutexOwn},
@@ -179,11 +174,7 @@ func runEtcd(rounds int, dur, hotDur time.Duration) {
 	addr, stop := startEtcd()
 	defer stop()
 	fmt.Printf("embedded etcd %s (fsync on), %d rounds, GOMAXPROCS %d\n\n", addr, rounds, runtimeProcs())
-	peers := make([]networkedPeer, len(etcdPeers))
-	for i, p := range etcdPeers {
-		peers[i] = networkedPeer{p.name, func(n *atomic.Int64) locker { return p.new(etcdClient(addr, n)) }}
-	}
-	med := runNetworked(peers, rounds, dur, hotDur)
+	med := runNetworked(networked(etcdPeers, func(n *atomic.Int64) *clientv3.Client { return etcdClient(addr, n) }), rounds, dur, hotDur)
 	fmt.Printf("lock / Mutex (session per goroutine), one goroutine: %.2fx (target 1.0x)\n", med[0][0]/med[1][0])
 	fmt.Printf("lock / Mutex (session per lock), one goroutine: %.2fx (target 2x)\n", med[0][0]/med[2][0])
 	fmt.Printf("hot key utilisation, one client: lock / Mutex %.2fx (target 1.5x)\n", med[0][1]/max(med[1][1], med[2][1]))
