@@ -605,12 +605,19 @@ func (r *Redlock) Acquire(ctx context.Context, key, token string, ttl time.Durat
 }
 
 // quorumErr describes a failure to reach a majority; it wraps the nodes'
-// errors, and the context's when it ended.
+// errors, and the context's when it ended. A minority of nodes answering
+// "not held" is named but not wrapped: the call's answer is unknown, not
+// ErrNotHeld (a renew that one node refused while another failed must not
+// end a lease that a majority may still hold, nor a release report a lock
+// as lost that it may have freed).
 func (r *Redlock) quorumErr(op string, ok int, errs []error, ctx context.Context) error {
 	var nodeErrs []error
 	for i, err := range errs {
 		if err != nil && !errors.Is(err, errLockedHere) {
-			if i < len(r.nodes) {
+			switch {
+			case errors.Is(err, backend.ErrNotHeld):
+				err = fmt.Errorf("node %d: not held by this owner", i)
+			case i < len(r.nodes):
 				err = fmt.Errorf("node %d: %w", i, err)
 			}
 			nodeErrs = append(nodeErrs, err)
