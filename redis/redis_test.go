@@ -242,7 +242,15 @@ func TestRedlockMinorityNotHeldIsNotTheAnswer(t *testing.T) {
 	if _, err := r.Acquire(ctx, "k", "tok", 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	rdbs[0].Del(ctx, "lock:{k}") // node 0 never had it
+	// Node 0 never had it: deleted once the grant reached it (the acquire
+	// returns on a majority; the third node's grant may land after).
+	for start := time.Now(); rdbs[0].Exists(ctx, "lock:{k}").Val() == 0; {
+		if time.Since(start) > 5*time.Second {
+			t.Fatal("node 0 did not get the lock within 5s")
+		}
+		time.Sleep(time.Millisecond) // poll the node
+	}
+	rdbs[0].Del(ctx, "lock:{k}")
 	srvs[2].Stop()               // node 2 does not answer
 	t.Cleanup(srvs[2].Continue)
 	_, err := r.Renew(ctx, "k", "tok", 10*time.Second)
