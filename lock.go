@@ -361,6 +361,15 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 		return nil, wrap(op, key, errLocalHolder)
 	}
 	var watch backend.Watch
+	// A store that queues waiters and hands them the lock (backend.Queuer)
+	// gets this call's attempts through its place in the queue.
+	var queue backend.Queue
+	var refused map[string]bool // tokens of attempts the store queued
+	if qr, ok := c.notifier.(backend.Queuer); ok && wait && queued {
+		if q, err := qr.Queue(key); err == nil {
+			queue, watch, refused = q, q, map[string]bool{}
+		}
+	}
 	took := false
 	turnPassed := false // a cleanup passes the turn (see cleanup)
 	defer func() {
@@ -374,6 +383,12 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 	backoff := cfg.minBackoff
 	splits := 0
 	for {
+		if queue != nil {
+			if l := c.handed(ctx, queue, key, cfg, refused); l != nil {
+				took = true
+				return l, nil
+			}
+		}
 		// Every attempt has a token of its own, never used before, so
 		// that an attempt counts only what it was granted itself: a
 		// lock left by an earlier attempt whose undo was lost or is
@@ -383,7 +398,13 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 		// send.
 		token := newToken()
 		sent := cfg.clock.Now()
-		g, err := c.b.Acquire(ctx, key, token, cfg.ttl)
+		var g backend.Grant
+		var err error
+		if queue != nil {
+			g, err = queue.Acquire(ctx, token, cfg.ttl)
+		} else {
+			g, err = c.b.Acquire(ctx, key, token, cfg.ttl)
+		}
 		if libflaw.DeadlineFromReply {
 			sent = cfg.clock.Now()
 		}
@@ -423,6 +444,9 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 		if !wait {
 			return nil, wrap(op, key, err)
 		}
+		if refused != nil {
+			refused[token] = true
+		}
 		var remaining time.Duration
 		if locked != nil {
 			remaining = locked.Remaining
@@ -440,6 +464,14 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 			if remaining > 0 {
 				delay = remaining + time.Millisecond
 			}
+			if queue != nil {
+				// The store queues the waiter and wakes it when it
+				// hands the lock over, or when the key is free with
+				// the waiter at the head, expiry included: the timer
+				// is only a safety net, and each attempt costs a
+				// request.
+				delay = max(delay, cfg.ttl)
+			}
 		} else {
 			delay = backoff/2 + rand.N(backoff/2+1)
 			if remaining > 0 && remaining+time.Millisecond < delay {
@@ -451,6 +483,35 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 			return nil, wrap(op, key, gaveUp(serr, err))
 		}
 	}
+}
+
+// handed returns the lease of a lock the store handed to this call's place
+// in the queue, or nil. The deadline counts from the send time the store
+// reports (Handover.Since): a request of this client's, after which the
+// store keeps the lock at least the grant's TTL; it is converted to the
+// call's clock by its age, read after the clock, so that it can only come
+// out earlier. Only a token whose attempt the store refused (and so
+// queued) is taken; a lock handed with no validity left is freed, and the
+// call waits on.
+func (c *Client) handed(ctx context.Context, q backend.Queue, key string, cfg *config, refused map[string]bool) *Lease {
+	h, ok := q.Handed()
+	if !ok || !refused[h.Token] {
+		return nil
+	}
+	now := cfg.clock.Now()
+	sent := now.Add(-time.Since(h.Since))
+	l := c.newLease(key, h.Token, cfg, sent, h.Grant)
+	if !l.Deadline().After(now) {
+		l.leftTurn.Store(true) // the call keeps the client's turn: it waits on
+		l.mu.Lock()
+		l.endLocked(stateLost, fmt.Errorf("%w: handed over with no validity left", ErrLost))
+		l.mu.Unlock()
+		delete(refused, h.Token)
+		c.cleanup(ctx, key, h.Token, cfg.ttl, false)
+		return nil
+	}
+	c.watchLoss(l)
+	return l
 }
 
 // watchLoss ends l as soon as the store says that its lock is gone, on a

@@ -199,6 +199,49 @@ type Watch interface {
 	Close(took bool) error
 }
 
+// Queuer is an optional interface of a Notifier whose store keeps a queue
+// of waiters and hands a released lock to the waiter at its head, with no
+// request from the waiter: the release that frees the key gives it to the
+// head's token in the same step. Package lock uses it for every Acquire
+// that waits, instead of Watch.
+type Queuer interface {
+	Notifier
+	// Queue returns a place in key's queue for one caller that waits for
+	// it. It sends nothing: the place's Acquire does.
+	Queue(key string) (Queue, error)
+}
+
+// Queue is one waiter's place in a key's queue (see Queuer).
+type Queue interface {
+	// Watch's C receives a wake-up when the key may have become free
+	// while the waiter is at the head of the queue, when the store handed
+	// the lock to it, or when its place was lost (its record expired):
+	// the caller then checks Handed, and otherwise tries Acquire again.
+	// Close(took) leaves the queue; when took is false, a lock the store
+	// handed to the waiter, or hands to it later, is freed, and nothing
+	// of the waiter is left in the store.
+	Watch
+	// Acquire is Backend.Acquire for the waiter: when the key is held or
+	// others queue before the waiter, the same request puts the waiter in
+	// the queue with token (the place its first refused Acquire took, or
+	// the back of the queue when that place was lost) and returns
+	// ErrLocked.
+	Acquire(ctx context.Context, token string, ttl time.Duration) (Grant, error)
+	// Handed reports the lock the store handed to the waiter: to the token
+	// of one of its Acquires that returned ErrLocked. Since is the send
+	// time, on this process's monotonic clock (time.Now), of a request
+	// of the waiter's after which the store keeps the lock at least
+	// Grant.TTL; the caller counts its deadline from there.
+	Handed() (Handover, bool)
+}
+
+// Handover is a lock the store handed to a waiter (see Queue.Handed).
+type Handover struct {
+	Token string
+	Grant
+	Since time.Time
+}
+
 // LossNotifier is an optional interface: a backend whose store can say at
 // once that a lock is no longer held by its token (the key deleted from
 // outside, the session or lease behind it destroyed) implements it, and

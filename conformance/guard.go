@@ -85,6 +85,34 @@ func (w guardWatch) Watch(ctx context.Context, key string) (backend.Watch, error
 	return w.g.b.(backend.Notifier).Watch(ctx, key)
 }
 
+// guardQueue forwards a backend.Queuer, whose places' calls it watches.
+type guardQueue struct{ guardWatch }
+
+func (q guardQueue) Queue(key string) (backend.Queue, error) {
+	p, err := q.g.b.(backend.Queuer).Queue(key)
+	if err != nil {
+		return nil, err
+	}
+	return guardPlace{p, q.g}, nil
+}
+
+type guardPlace struct {
+	backend.Queue
+	g *guard
+}
+
+func (p guardPlace) Acquire(ctx context.Context, token string, ttl time.Duration) (backend.Grant, error) {
+	defer p.g.call(ctx, "Queue.Acquire")()
+	gr, err := p.Queue.Acquire(ctx, token, ttl)
+	if errors.Is(err, backend.ErrLocked) {
+		select {
+		case p.g.locked <- struct{}{}:
+		default:
+		}
+	}
+	return gr, err
+}
+
 type guardInspect struct{ g *guard }
 
 func (i guardInspect) Inspect(ctx context.Context, key string) (backend.Holder, error) {
@@ -106,6 +134,34 @@ func guarded(b backend.Backend, kase string, grace time.Duration) backend.Backen
 	_, i := b.(backend.Inspector)
 	_, x := b.(backend.Transferer)
 	w, in, tr := guardWatch{g}, guardInspect{g}, guardTransfer{g}
+	if _, q := b.(backend.Queuer); q {
+		wq := guardQueue{w}
+		switch {
+		case i && x:
+			return struct {
+				*guard
+				guardQueue
+				guardInspect
+				guardTransfer
+			}{g, wq, in, tr}
+		case i:
+			return struct {
+				*guard
+				guardQueue
+				guardInspect
+			}{g, wq, in}
+		case x:
+			return struct {
+				*guard
+				guardQueue
+				guardTransfer
+			}{g, wq, tr}
+		}
+		return struct {
+			*guard
+			guardQueue
+		}{g, wq}
+	}
 	switch {
 	case n && i && x:
 		return struct {

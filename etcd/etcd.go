@@ -16,10 +16,11 @@
 // Acquire takes a lease (see Raft writes) and runs one transaction guarded
 // by "the lock key does not exist and the token is not dead" that puts the
 // owner token under the lock key, attached to the lease. The fence is the
-// revision of that put (the key's create revision): etcd's global revision
-// counter, which Raft replicates and every member keeps on disk, so it only
-// grows, across restarts and leader changes. A transaction that finds the
-// key held, or others queued for it, returns ErrLocked.
+// revision of the put that made the owner the holder (the key's mod
+// revision): etcd's global revision counter, which Raft replicates and
+// every member keeps on disk, so it only grows, across restarts and leader
+// changes. A transaction that finds the key held, or others queued for it,
+// returns ErrLocked.
 //
 // Renew refreshes the lease (a keep-alive, not a Raft write) and then reads
 // the lock key: only a key still holding this owner's token on this owner's
@@ -28,18 +29,22 @@
 // by the owner's token (never a delete by key name: see etcd#22082) that
 // deletes the key and leaves a tombstone for the token (see Dead tokens).
 //
-// Waiters queue in the store, first come first served, across processes:
-// a waiter's watch (backend.Notifier) puts a queue record for it, ordered
-// by the revision at which an acquire of it first found the key held, and
-// attached to a lease of the watch's own that the etcd client keeps alive
-// (QueueTTL) and that is revoked when the watch ends. The acquire transaction of a queued waiter takes the key
-// only if its own record still exists and comes first, and deletes the
-// record as it takes the key; anyone else's acquire only when nobody
-// queues. Each release or expiry wakes one waiter, the one at the head; a
-// waiter that leaves without the key (its watch closed, its process dead,
-// its record's lease expired) passes its turn to the next. A waiter whose
-// record vanished while it waited is never granted the key from it (the
-// Jepsen etcd 3.4.3 finding): it queues again, at the back.
+// Waiters queue in the store, first come first served, across processes
+// (backend.Queuer; see queue.go for the argument): the acquire transaction
+// of a waiter that finds the key held puts a queue record for it in the
+// same request, attached to the waiter's lease and ordered by the record's
+// create revision. A release by a backend that follows the key (one that
+// waited for it in the last few seconds) hands the lock to the head of the
+// queue in the release's transaction: the head's token goes under the lock
+// key, on the head's lease, and the head learns it from its watch with no
+// request, counting its deadline from its own latest keep-alive. Otherwise
+// the release deletes the key, and the head's watch wakes it to take the
+// key. The acquire of a queued waiter takes the key only if its own record
+// still exists and comes first; anyone else's only when nobody queues. A
+// waiter that leaves without the key revokes its lease, which deletes its
+// record and any lock handed to it. A waiter whose record vanished while
+// it waited (its lease expired) is never handed or granted the key from it
+// (the Jepsen etcd 3.4.3 finding): it queues again, at the back.
 //
 // # Raft writes
 //
@@ -51,12 +56,19 @@
 // keep-alives of a backend share one long-lived stream (see refresher).
 // An acquisition thus costs one Raft write (two when no idle lease is at
 // hand: after a pause longer than the TTL, or with more locks held at once
-// than ever before), a contended attempt one, a release one, a renewal
-// none, and a wait four (the failed attempt, the queue record's lease and
-// put, and the revoke of that lease when the wait ends). The
-// keep-alive is sent after the caller's send time and the grant is reported
-// only when it succeeded, so the store keeps the lock at least the TTL from
-// the request, however long the lease sat idle.
+// than ever before), a contended attempt one (it queues the waiter), a
+// release one (with the handover to the next waiter, if any), a renewal
+// none, and a wait that ends with a handover nothing more; a wait given up
+// costs a revoke. The keep-alive is sent after the caller's send time and
+// the grant is reported only when it succeeded, so the store keeps the lock
+// at least the TTL from the request, however long the lease sat idle. A
+// waiter's attempt that the backend's view of the key says will queue
+// sends no keep-alive when its lease was refreshed less than a third of its
+// TTL ago (the record lives, and the waiter keeps its lease alive while it
+// waits); should it take the key after all, it refreshes the lease before
+// it reports the grant. So a section on a hot key contended by separate
+// processes costs two requests: the waiter's attempt and the release that
+// hands it the lock.
 //
 // A lease never carries two locks at once: one lease shared by several
 // locks would save more, but renewing one lock would then extend the
@@ -72,7 +84,7 @@
 //
 //	property                  | guarantee
 //	--------------------------|---------------------------------------------------------
-//	fence                     | the lock key's create revision: > 0, strictly
+//	fence                     | the lock key's mod revision: > 0, strictly
 //	                          | increasing per key and across keys, durable: etcd
 //	                          | commits it through Raft and fsyncs it before replying
 //	                          | (unless the cluster runs with --unsafe-no-fsync and a
@@ -99,9 +111,11 @@
 //	                          | leases restart their full TTL when the restarted
 //	                          | cluster elects a leader
 //	FIFO                      | yes, across processes, in the order the store first
-//	                          | found each waiter's acquire blocked; one wake-up per
-//	                          | release. A waiter dead at the head holds the queue up
-//	                          | until its record's lease expires (about QueueTTL)
+//	                          | found each waiter's acquire blocked; a release hands
+//	                          | the lock to the head, or wakes it alone. A waiter
+//	                          | that died at the head, or was handed the lock, holds
+//	                          | the others up until its lease expires: at most its TTL
+//	                          | after its last keep-alive (plus the leader's scan)
 //
 // Leases expire by the leader's monotonic clock, so a stepped wall clock
 // changes nothing. Locks that expire at once are revoked at up to 1,000 a
@@ -126,13 +140,12 @@
 //
 // # Keys
 //
-// Under the prefix (DefaultPrefix unless WithPrefix): k/KEY holds the owner
-// token of the lock on KEY, attached to its lease; t/TOKEN/KEY are
-// tombstones; q/LEN/KEY/ID are waiters' queue records (LEN is KEY's length
-// in bytes, so that no key's queue is a prefix of another's); c/KEY is
-// written by every acquire that finds KEY held, so that the revision of
-// that moment is its own, and lives as long as that attempt's lease. All
-// but the lock keys go by themselves; nothing in the store needs cleaning.
+// Under the prefix (DefaultPrefix unless WithPrefix): k/KEY\xff holds the
+// owner token of the lock on KEY, attached to its lease (the byte 0xff,
+// never part of valid UTF-8, ends it, so that no other lock key starts
+// with it); k/KEY\xffq/ID are the waiters' queue records, attached to
+// their leases; t/TOKEN/KEY are tombstones. All go by themselves, with
+// their leases; nothing in the store needs cleaning.
 //
 // # URLs
 //
@@ -151,6 +164,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -212,13 +227,13 @@ type Backend struct {
 	leases *leases
 	ka     refresher
 	tombs  tombLease
-	notify *notifier
+	queues *queues
 	closed atomic.Bool
 }
 
 var (
 	_ backend.Backend   = (*Backend)(nil)
-	_ backend.Notifier  = (*Backend)(nil)
+	_ backend.Queuer    = (*Backend)(nil)
 	_ backend.Describer = (*Backend)(nil)
 	_ backend.Inspector = (*Backend)(nil)
 )
@@ -244,12 +259,17 @@ func New(cli *clientv3.Client, opts ...Option) (*Backend, error) {
 	b := &Backend{cli: cli, opts: o, leases: newLeases()}
 	b.tombs.sem = make(chan struct{}, 1)
 	b.ka.cli = cli
-	b.notify = newNotifier(cli)
+	b.queues = newQueues(b)
 	return b, nil
 }
 
-// lockKeyOf returns the etcd key of a lock.
-func (b *Backend) lockKeyOf(key string) string { return b.opts.prefix + "k/" + key }
+// lockKeyOf returns the etcd key of a lock: it ends in a byte that valid
+// UTF-8 never has, so that the lock key and its queue records
+// (queuePrefix) are the only keys with it as their prefix.
+func (b *Backend) lockKeyOf(key string) string { return b.opts.prefix + "k/" + key + "\xff" }
+
+// queuePrefix returns the prefix of the queue records of key.
+func (b *Backend) queuePrefix(key string) string { return b.lockKeyOf(key) + "q/" }
 
 // tombKeyOf returns the etcd key of a dead token's tombstone.
 func (b *Backend) tombKeyOf(key, token string) string {
@@ -288,8 +308,11 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	if err := b.check(); err != nil {
 		return backend.Grant{}, err
 	}
+	if p := b.queues.watchedPlace(b.lockKeyOf(key)); p != nil {
+		return p.Acquire(ctx, token, ttl) // a waiter of Watch
+	}
 	secs := seconds(ttl)
-	if id := b.leases.take(secs); id != clientv3.NoLease {
+	if id, _ := b.leases.take(secs); id != clientv3.NoLease {
 		g, err := b.acquireOnIdle(ctx, key, token, secs, id)
 		if !errors.Is(err, errLeaseGone) {
 			return g, err
@@ -331,19 +354,17 @@ func (b *Backend) acquireOnIdle(ctx context.Context, key, token string, secs int
 // granted TTL, or refreshed by the keep-alive whose answer comes on ka.
 func (b *Backend) acquireOn(ctx context.Context, key, token string, secs int64, id clientv3.LeaseID, sent time.Time, granted time.Duration, ka <-chan kaAnswer) (backend.Grant, error) {
 	lk, tk := b.lockKeyOf(key), b.tombKeyOf(key, token)
-	// Besides the key and the token, the queue of waiters (see notifier):
-	// this backend's waiter must be at its head, anyone else find it
-	// empty. An attempt that fails writes a key of its own, so that the
-	// revision at which the store saw it wait is unique to it.
-	queue := b.notify.acquireGuard(lk, b.queuePrefix(key))
-	resp, err := b.cli.Txn(ctx).If(append([]clientv3.Cmp{
+	// Besides the key and the token, the queue of waiters: an acquire
+	// that does not wait (see queue.go for those that do) takes the key
+	// only when nobody queues.
+	resp, err := b.cli.Txn(ctx).If(
 		clientv3.Compare(clientv3.CreateRevision(lk), "=", 0),
 		clientv3.Compare(clientv3.CreateRevision(tk), "=", 0),
-	}, queue.cmps...)...).Then(append([]clientv3.Op{
+		clientv3.Compare(clientv3.CreateRevision(b.queuePrefix(key)), "=", 0).WithPrefix(),
+	).Then(
 		clientv3.OpPut(lk, token, clientv3.WithLease(id)),
-	}, queue.ops...)...).Else(
+	).Else(
 		clientv3.OpGet(tk, clientv3.WithCountOnly()),
-		clientv3.OpPut(b.contentionKeyOf(key), "", clientv3.WithLease(id)),
 	).Commit()
 	reuse := true
 	if ka != nil {
@@ -379,7 +400,6 @@ func (b *Backend) acquireOn(ctx context.Context, key, token string, secs int64, 
 		return backend.Grant{}, storeErr(ctx, "acquire", err)
 	}
 	if resp.Succeeded {
-		b.notify.took(queue)
 		b.leases.attach(lk, token, id, secs, sent, false, false)
 		return backend.Grant{Fence: uint64(resp.Header.Revision), TTL: granted}, nil
 	}
@@ -391,7 +411,6 @@ func (b *Backend) acquireOn(ctx context.Context, key, token string, secs int64, 
 	}
 	// Held by another token (or by this one, if a client library sent the
 	// request again: the contract allows ErrLocked then), or others queue.
-	b.notify.lockedAt(lk, resp.Header.Revision)
 	return backend.Grant{}, backend.Locked(0)
 }
 
@@ -454,7 +473,7 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 		return backend.Grant{}, fmt.Errorf("%w: etcd: renew for %v, but the lock's lease has a TTL of %ds, fixed when it was acquired; renew with the TTL of the acquire", backend.ErrInvalid, ttl, kttl)
 	}
 	ok = true
-	return backend.Grant{Fence: uint64(resp.Kvs[0].CreateRevision), TTL: time.Duration(kttl) * time.Second}, nil
+	return backend.Grant{Fence: uint64(resp.Kvs[0].ModRevision), TTL: time.Duration(kttl) * time.Second}, nil
 }
 
 // Tombstone values: the token released the lock, or did not hold it.
@@ -485,22 +504,48 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 		if err != nil {
 			return storeErr(ctx, "release: tombstone lease", err)
 		}
-		txn := b.cli.Txn(ctx).If(
-			clientv3.Compare(clientv3.Value(lk), "=", token),
-		).Then(
+		own := []clientv3.Cmp{clientv3.Compare(clientv3.Value(lk), "=", token)}
+		release := []clientv3.Op{
 			clientv3.OpDelete(lk, clientv3.WithPrevKV()),
 			clientv3.OpPut(tk, tombReleased, clientv3.WithLease(tomb)),
-		)
+		}
+		var notHeld []clientv3.Op
 		if !fast {
-			txn = txn.Else(
-				clientv3.OpTxn(
-					[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(tk), "=", 0)},
-					[]clientv3.Op{clientv3.OpPut(tk, tombNotHeld, clientv3.WithLease(tomb))},
-					[]clientv3.Op{clientv3.OpGet(tk)},
-				),
-			)
+			notHeld = []clientv3.Op{clientv3.OpTxn(
+				[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(tk), "=", 0)},
+				[]clientv3.Op{clientv3.OpPut(tk, tombNotHeld, clientv3.WithLease(tomb))},
+				[]clientv3.Op{clientv3.OpGet(tk)},
+			)}
+		}
+		var txn clientv3.Txn
+		hk, head, handover := b.queues.head(lk)
+		handover = handover && head.lease != 0 && head.token != token
+		if handover {
+			// Hand the lock to the head of the queue (see queue.go);
+			// when the head's record changed since this backend saw
+			// it, release as usual.
+			txn = b.cli.Txn(ctx).If(append(own,
+				clientv3.Compare(clientv3.ModRevision(hk), "=", head.mod))...,
+			).Then(
+				clientv3.OpPut(lk, head.token, clientv3.WithLease(clientv3.LeaseID(head.lease)), clientv3.WithPrevKV()),
+				clientv3.OpDelete(hk),
+				clientv3.OpPut(tk, tombReleased, clientv3.WithLease(tomb)),
+			).Else(clientv3.OpTxn(own, release, notHeld))
+		} else {
+			txn = b.cli.Txn(ctx).If(own...).Then(release...).Else(notHeld...)
 		}
 		resp, err = txn.Commit()
+		if err == nil && handover {
+			if resp.Succeeded {
+				// Handed over: as a release below, with the put's
+				// previous value for the delete's.
+				prev := resp.Responses[0].GetResponsePut().PrevKv
+				resp.Responses[0] = &pb.ResponseOp{Response: &pb.ResponseOp_ResponseDeleteRange{
+					ResponseDeleteRange: &pb.DeleteRangeResponse{PrevKvs: []*mvccpb.KeyValue{prev}}}}
+			} else {
+				resp = (*clientv3.TxnResponse)(resp.Responses[0].GetResponseTxn())
+			}
+		}
 		if err == nil && fast && !resp.Succeeded {
 			fast = false
 			attempt--
@@ -612,7 +657,7 @@ func (b *Backend) Inspect(ctx context.Context, key string) (backend.Holder, erro
 		return backend.Holder{}, nil
 	}
 	kv := resp.Kvs[0]
-	h := backend.Holder{Held: true, Token: string(kv.Value), Fence: uint64(kv.CreateRevision)}
+	h := backend.Holder{Held: true, Token: string(kv.Value), Fence: uint64(kv.ModRevision)}
 	if kv.Lease != 0 {
 		ttl, err := b.cli.TimeToLive(ctx, clientv3.LeaseID(kv.Lease))
 		if err != nil {
@@ -643,16 +688,16 @@ func capabilities(o options) backend.Capabilities {
 	}
 }
 
-// Close ends the backend's watches, deleting their queue records (it waits
-// up to a few seconds for a store that does not answer; records it cannot
-// delete expire after QueueTTL). It closes the etcd client only when the
+// Close ends the backend's watches and waits for the revokes of waiters
+// that left (a few seconds at most for a store that does not answer; a
+// waiter's lease not revoked expires after its TTL). It closes the etcd client only when the
 // backend was opened from a URL. It does not release held locks: their
 // leases expire, as do its idle leases.
 func (b *Backend) Close() error {
 	if !b.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	b.notify.close()
+	b.queues.close()
 	b.ka.close()
 	if b.opts.closeClient {
 		return b.cli.Close()

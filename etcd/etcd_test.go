@@ -64,7 +64,7 @@ func TestRenewKeyDeletedOutside(t *testing.T) {
 	if _, err := b.Acquire(ctx, "k", tok, 10*time.Second); err != nil {
 		t.Fatalf("Acquire: %v", err)
 	}
-	if _, err := cli.Delete(ctx, etcd.DefaultPrefix+"k/k"); err != nil {
+	if _, err := cli.Delete(ctx, etcd.DefaultPrefix+"k/k\xff"); err != nil {
 		t.Fatalf("Delete: %v", err)
 	}
 	if _, err := b.Renew(ctx, "k", tok, 10*time.Second); !errors.Is(err, backend.ErrNotHeld) {

@@ -24,3 +24,8 @@ func BreakKeepAliveStream(b *Backend) {
 		b.ka.breakLocked(b.ka.cur)
 	}
 }
+
+// PredictRefusal makes b's waiters take every attempt for one that will
+// queue (or none, with false), whatever the store shows: set it before b
+// is used.
+func PredictRefusal(b *Backend, refused bool) { b.queues.refusable = func() bool { return refused } }

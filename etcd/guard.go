@@ -50,7 +50,7 @@ func (b *Backend) TxnIfHeld(ctx context.Context, l *lock.Lease, ops ...clientv3.
 	lk := b.lockKeyOf(l.Key())
 	resp, err := b.cli.Txn(ctx).If(
 		clientv3.Compare(clientv3.Value(lk), "=", l.Token()),
-		clientv3.Compare(clientv3.CreateRevision(lk), "=", int64(l.Fence())),
+		clientv3.Compare(clientv3.ModRevision(lk), "=", int64(l.Fence())),
 	).Then(ops...).Commit()
 	if err != nil {
 		return nil, storeErr(ctx, "txn if held", err)

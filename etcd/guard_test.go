@@ -55,7 +55,7 @@ func TestTxnIfHeld(t *testing.T) {
 
 	// The lock key vanishes (what an expiry during a long pause does);
 	// the client still counts the lease as valid.
-	if resp, err := cli.Delete(ctx, etcd.DefaultPrefix+"k/job"); err != nil || resp.Deleted != 1 {
+	if resp, err := cli.Delete(ctx, etcd.DefaultPrefix+"k/job\xff"); err != nil || resp.Deleted != 1 {
 		t.Fatalf("deleting the lock key from outside: %v, %v: the case tests nothing", resp, err)
 	}
 	if l.Err() != nil {
@@ -92,7 +92,7 @@ func TestTxnIfHeld(t *testing.T) {
 		"nil lease":     func() error { _, err := b.TxnIfHeld(ctx, nil, clientv3.OpPut("data/job", "x")); return err }(),
 		"no operations": func() error { _, err := b.TxnIfHeld(ctx, l2); return err }(),
 		"backend's keys": func() error {
-			_, err := b.TxnIfHeld(ctx, l2, clientv3.OpDelete(etcd.DefaultPrefix+"k/job"))
+			_, err := b.TxnIfHeld(ctx, l2, clientv3.OpDelete(etcd.DefaultPrefix+"k/job\xff"))
 			return err
 		}(),
 	} {

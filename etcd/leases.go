@@ -60,8 +60,9 @@ func newLeases() *leases {
 }
 
 // take returns an idle lease of secs seconds that the store should still
-// have, or NoLease. The caller refreshes it before use.
-func (l *leases) take(secs int64) clientv3.LeaseID {
+// have, with the send time of its latest confirmed refresh, or NoLease.
+// The caller refreshes it before it carries a lock.
+func (l *leases) take(secs int64) (clientv3.LeaseID, time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	p := l.pool[secs]
@@ -72,13 +73,13 @@ func (l *leases) take(secs int64) clientv3.LeaseID {
 		p = p[:len(p)-1]
 		if time.Since(last.refreshed) < ttl-margin {
 			l.pool[secs] = p
-			return last.id
+			return last.id, last.refreshed
 		}
 		// The freshest has (nearly) expired: so have all the others.
 		p = p[:0]
 	}
 	l.pool[secs] = p
-	return clientv3.NoLease
+	return clientv3.NoLease, time.Time{}
 }
 
 // idle returns a lease that holds nothing to the pool.

@@ -8,91 +8,101 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/distlock/lock"
 	"github.com/distlock/lock/backend"
 	"github.com/distlock/lock/etcd"
 )
 
-// records returns the values and leases of key k's queue records, in queue
-// order.
-func records(ctx context.Context, t *testing.T, cli *clientv3.Client, k string) (values []string, leases []clientv3.LeaseID) {
-	t.Helper()
-	resp, err := cli.Get(ctx, etcd.DefaultPrefix+"q/1/"+k+"/", clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByValue, clientv3.SortAscend))
-	if err != nil {
-		t.Fatalf("Get of the queue: %v", err)
-	}
-	for _, kv := range resp.Kvs {
-		values = append(values, string(kv.Value))
-		leases = append(leases, clientv3.LeaseID(kv.Lease))
-	}
-	return values, leases
-}
-
-// waiter is a backend that found the key held and waits for it.
+// waiter is a place in a key's queue that found the key held.
 type waiter struct {
-	b *etcd.Backend
-	w backend.Watch
+	b   *etcd.Backend
+	q   backend.Queue
+	tok string
 }
 
-// queueUp makes a waiter of b for key: an acquire that finds the key held,
-// then a watch.
-func queueUp(ctx context.Context, t *testing.T, b *etcd.Backend, key string) waiter {
+// queueUp makes a waiter of b for key: an acquire through a new place that
+// finds the key held, and so queues.
+func queueUp(ctx context.Context, t *testing.T, b *etcd.Backend, key string) *waiter {
 	t.Helper()
-	if _, err := b.Acquire(ctx, key, newToken(), 10*time.Second); !errors.Is(err, backend.ErrLocked) {
-		t.Fatalf("Acquire of a held key: %v; want ErrLocked", err)
-	}
-	w, err := b.Watch(ctx, key)
+	q, err := b.Queue(key)
 	if err != nil {
-		t.Fatalf("Watch: %v", err)
+		t.Fatalf("Queue: %v", err)
 	}
-	t.Cleanup(func() { w.Close(false) })
-	return waiter{b, w}
+	t.Cleanup(func() { q.Close(false) })
+	w := &waiter{b: b, q: q}
+	w.try(ctx, t, key)
+	return w
+}
+
+// try acquires through the place, which must find the key held.
+func (w *waiter) try(ctx context.Context, t *testing.T, key string) {
+	t.Helper()
+	tok := newToken()
+	if _, err := w.q.Acquire(ctx, tok, 10*time.Second); !errors.Is(err, backend.ErrLocked) {
+		t.Fatalf("Acquire of %q through a place, the key held or others queued: %v; want ErrLocked", key, err)
+	}
+	w.tok = tok
 }
 
 // woken waits for w's wake-up.
-func (w waiter) woken(t *testing.T, who string) {
+func (w *waiter) woken(t *testing.T, who string) {
 	t.Helper()
 	select {
-	case <-w.w.C():
+	case <-w.q.C():
 	case <-time.After(5 * time.Second):
 		t.Fatalf("%s was not woken within 5s", who)
 	}
 }
 
 // notWoken fails t if w has a wake-up.
-func (w waiter) notWoken(t *testing.T, who string) {
+func (w *waiter) notWoken(t *testing.T, who string) {
 	t.Helper()
 	select {
-	case <-w.w.C():
+	case <-w.q.C():
 		t.Errorf("%s was woken, though not at the head of the queue", who)
 	default:
 	}
 }
 
-// take acquires key for w, which must succeed, and releases it.
-func (w waiter) take(ctx context.Context, t *testing.T, key, who string) {
+// handed waits for the handover to w and returns its fence.
+func (w *waiter) handed(t *testing.T, who string) uint64 {
 	t.Helper()
-	tok := newToken()
-	if _, err := w.b.Acquire(ctx, key, tok, 10*time.Second); err != nil {
-		t.Fatalf("Acquire by %s at the head of the queue: %v", who, err)
+	w.woken(t, who)
+	h, ok := w.q.Handed()
+	if !ok {
+		t.Fatalf("%s was woken, but nothing was handed to it", who)
 	}
-	w.w.Close(true)
-	if err := w.b.Release(ctx, key, tok); err != nil {
-		t.Fatalf("Release by %s: %v", who, err)
+	if h.Token != w.tok || h.Fence == 0 || h.Since.IsZero() || h.TTL < 10*time.Second {
+		t.Fatalf("%s was handed %+v; want its token %s, a fence, a send time and the 10s TTL", who, h, w.tok)
 	}
+	w.q.Close(true)
+	return h.Fence
 }
 
-// Each release wakes one waiter, the longest waiting, and a newcomer does
-// not go ahead of the queue.
-func TestQueueWakesOne(t *testing.T) {
+func holderOf(ctx context.Context, t *testing.T, b *etcd.Backend, key string) backend.Holder {
+	t.Helper()
+	h, err := b.Inspect(ctx, key)
+	if err != nil {
+		t.Fatalf("Inspect: %v", err)
+	}
+	return h
+}
+
+// A release by a backend that follows the key hands the lock to the head
+// of the queue, in queue order, with fences that grow; a release by one
+// that does not deletes the key and wakes the head, whose acquire takes
+// it; newcomers never go ahead of the queue.
+func TestQueueHandsOverInOrder(t *testing.T) {
 	srv := startEtcd(t)
 	ctx := ctxFor(t)
 	holder, _ := newBackend(t, srv.Addr)
 	newcomer, _ := newBackend(t, srv.Addr)
 	tok := newToken()
-	if _, err := holder.Acquire(ctx, "k", tok, 10*time.Second); err != nil {
+	g, err := holder.Acquire(ctx, "k", tok, 10*time.Second)
+	if err != nil {
 		t.Fatalf("Acquire: %v", err)
 	}
-	var ws []waiter
+	var ws []*waiter
 	for range 3 {
 		b, _ := newBackend(t, srv.Addr)
 		ws = append(ws, queueUp(ctx, t, b, "k"))
@@ -100,30 +110,71 @@ func TestQueueWakesOne(t *testing.T) {
 	if err := holder.Release(ctx, "k", tok); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	names := []string{"the first waiter", "the second waiter", "the third waiter"}
-	for i, w := range ws {
-		w.woken(t, names[i])
-		for j := i + 1; j < len(ws); j++ {
-			ws[j].notWoken(t, names[j])
+	// The holder did not follow the key: the head is woken, and takes it.
+	ws[0].woken(t, "the first waiter")
+	if _, ok := ws[0].q.Handed(); ok {
+		t.Fatal("the first waiter was handed the lock by a release that does not follow the key")
+	}
+	ws[1].notWoken(t, "the second waiter")
+	if _, err := newcomer.Acquire(ctx, "k", newToken(), time.Second); !errors.Is(err, backend.ErrLocked) {
+		t.Fatalf("Acquire by a newcomer while 3 wait and the key is free: %v; want ErrLocked", err)
+	}
+	tok0 := newToken()
+	g0, err := ws[0].q.Acquire(ctx, tok0, 10*time.Second)
+	if err != nil {
+		t.Fatalf("Acquire by the head: %v", err)
+	}
+	ws[0].q.Close(true)
+	last := g0.Fence
+	if last <= g.Fence {
+		t.Fatalf("fence %d after %d", last, g.Fence)
+	}
+	// From now on each release comes from a backend that follows the
+	// key: it hands the lock over.
+	relB, relTok := ws[0].b, tok0
+	for i, w := range ws[1:] {
+		if err := relB.Release(ctx, "k", relTok); err != nil {
+			t.Fatalf("Release by waiter %d: %v", i, err)
+		}
+		f := w.handed(t, "the next waiter")
+		if f <= last {
+			t.Fatalf("handed fence %d after %d", f, last)
+		}
+		if h := holderOf(ctx, t, w.b, "k"); h.Token != w.tok || h.Fence != f {
+			t.Fatalf("the store's holder %+v; want token %s with fence %d", h, w.tok, f)
 		}
 		if _, err := newcomer.Acquire(ctx, "k", newToken(), time.Second); !errors.Is(err, backend.ErrLocked) {
-			t.Fatalf("Acquire by a newcomer while %d wait: %v; want ErrLocked", len(ws)-i, err)
+			t.Fatalf("Acquire by a newcomer while the key is handed over: %v; want ErrLocked", err)
 		}
-		w.take(ctx, t, "k", names[i])
+		// A renewal works on the handed lock: it is this backend's.
+		if _, err := w.b.Renew(ctx, "k", w.tok, 10*time.Second); err != nil {
+			t.Fatalf("Renew of the handed lock: %v", err)
+		}
+		last, relB, relTok = f, w.b, w.tok
 	}
-	if _, err := newcomer.Acquire(ctx, "k", newToken(), time.Second); err != nil {
-		t.Fatalf("Acquire by a newcomer once the queue is empty: %v", err)
+	if err := relB.Release(ctx, "k", relTok); err != nil {
+		t.Fatalf("Release by the last waiter: %v", err)
+	}
+	if g, err := newcomer.Acquire(ctx, "k", newToken(), time.Second); err != nil || g.Fence <= last {
+		t.Fatalf("Acquire by a newcomer once the queue is empty: %+v, %v; want a grant above fence %d", g, err, last)
 	}
 }
 
 // A waiter whose queue record vanishes (its lease expired: here, revoked)
-// is never granted the lock from it: the waiter behind it takes the key
-// first, and the waiter queues again, at the back (the Jepsen etcd 3.4.3
-// finding). A waiter that leaves passes its wake-up on.
+// is never handed the lock from it, nor takes it ahead of the others: it
+// queues again, at the back (the Jepsen etcd 3.4.3 finding). A waiter that
+// leaves passes its turn on.
 func TestQueueRecordVanishes(t *testing.T) {
 	srv := startEtcd(t)
 	ctx := ctxFor(t)
 	holder, cli := newBackend(t, srv.Addr)
+	// The holder follows the key (a place of its own, gone at once: the
+	// backend follows the key a while longer), so its release hands over.
+	if q, err := holder.Queue("k"); err != nil {
+		t.Fatal(err)
+	} else {
+		q.Close(false)
+	}
 	tok := newToken()
 	if _, err := holder.Acquire(ctx, "k", tok, 10*time.Second); err != nil {
 		t.Fatalf("Acquire: %v", err)
@@ -134,35 +185,256 @@ func TestQueueRecordVanishes(t *testing.T) {
 	a := queueUp(ctx, t, ab, "k")
 	b := queueUp(ctx, t, bb, "k")
 	c := queueUp(ctx, t, cb, "k")
-	values, leases := records(ctx, t, cli, "k")
-	if len(values) != 3 {
-		t.Fatalf("queue %v; want 3 records", values)
+	resp, err := cli.Get(ctx, etcd.DefaultPrefix+"k/k\xffq/", clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	if err != nil || len(resp.Kvs) != 3 || string(resp.Kvs[0].Value) != a.tok {
+		t.Fatalf("queue %v, %v; want 3 records, a's first", resp, err)
 	}
-	if _, err := cli.Revoke(ctx, leases[0]); err != nil { // a's record vanishes
+	// a's record vanishes, and the holder releases at once: whether or
+	// not the holder's view already lacks the record, a is not handed
+	// the lock.
+	if _, err := cli.Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease)); err != nil {
 		t.Fatalf("Revoke: %v", err)
-	}
-	for { // until a queued again
-		now, _ := records(ctx, t, cli, "k")
-		if len(now) == 3 {
-			if now[2] <= values[2] {
-				t.Fatalf("queue %v after the first record vanished from %v: want the waiter again at the back", now, values)
-			}
-			break
-		}
-		time.Sleep(5 * time.Millisecond) // poll the store
 	}
 	if err := holder.Release(ctx, "k", tok); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	if _, err := ab.Acquire(ctx, "k", newToken(), time.Second); !errors.Is(err, backend.ErrLocked) {
-		t.Fatalf("Acquire by the waiter whose record vanished, the key free: %v; want ErrLocked", err)
+	a.woken(t, "the waiter whose record vanished")
+	if h, ok := a.q.Handed(); ok {
+		t.Fatalf("the waiter whose record vanished was handed %+v", h)
 	}
+	a.try(ctx, t, "k") // it queues again, at the back
+	// b, now the head, gets the lock: handed, or woken to take it.
 	b.woken(t, "the second waiter, now at the head")
-	// b leaves without the key: c, next, is woken.
-	b.w.Close(false)
-	c.woken(t, "the third waiter, after the head left")
-	a.notWoken(t, "the waiter queued again")
-	c.take(ctx, t, "k", "the third waiter")
-	a.woken(t, "the waiter queued again, now at the head")
-	a.take(ctx, t, "k", "the waiter queued again")
+	if _, ok := b.q.Handed(); !ok {
+		btok := newToken()
+		if _, err := b.q.Acquire(ctx, btok, 10*time.Second); err != nil {
+			t.Fatalf("Acquire by the head: %v", err)
+		}
+		b.tok = btok
+	}
+	b.q.Close(true)
+	// b releases (its backend follows the key): c is handed it.
+	if err := bb.Release(ctx, "k", b.tok); err != nil {
+		t.Fatalf("Release by b: %v", err)
+	}
+	c.handed(t, "the third waiter")
+	a.notWoken(t, "the waiter queued again, behind c")
+	if err := cb.Release(ctx, "k", c.tok); err != nil {
+		t.Fatalf("Release by c: %v", err)
+	}
+	a.handed(t, "the waiter queued again, now at the head")
+}
+
+// A waiter that leaves without the key leaves nothing in the store: not
+// its record, and not a lock handed to it, before or after it left.
+func TestQueueGivingUpLeavesNothing(t *testing.T) {
+	srv := startEtcd(t)
+	ctx := ctxFor(t)
+	for _, when := range []string{"handed before it left", "released as it leaves"} {
+		t.Run(when, func(t *testing.T) {
+			key := "k-" + newToken()[:8]
+			holder, cli := newBackend(t, srv.Addr)
+			if q, err := holder.Queue(key); err != nil {
+				t.Fatal(err)
+			} else {
+				q.Close(false)
+			}
+			tok := newToken()
+			if _, err := holder.Acquire(ctx, key, tok, 10*time.Second); err != nil {
+				t.Fatalf("Acquire: %v", err)
+			}
+			wb, _ := newBackend(t, srv.Addr)
+			w := queueUp(ctx, t, wb, key)
+			if when == "handed before it left" {
+				if err := holder.Release(ctx, key, tok); err != nil {
+					t.Fatalf("Release: %v", err)
+				}
+				w.woken(t, "the waiter")
+				if _, ok := w.q.Handed(); !ok {
+					t.Fatal("nothing was handed to the waiter")
+				}
+				w.q.Close(false)
+			} else {
+				w.q.Close(false)
+				if err := holder.Release(ctx, key, tok); err != nil {
+					t.Fatalf("Release: %v", err)
+				}
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for {
+				resp, err := cli.Get(ctx, etcd.DefaultPrefix+"k/"+key+"\xff", clientv3.WithPrefix(), clientv3.WithCountOnly())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if resp.Count == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%d keys of the lock or its queue left 5s after the waiter left", resp.Count)
+				}
+				time.Sleep(10 * time.Millisecond) // poll the store
+			}
+			if _, err := holder.Acquire(ctx, key, newToken(), time.Second); err != nil {
+				t.Fatalf("Acquire after the waiter left: %v", err)
+			}
+		})
+	}
+}
+
+// Through package lock: the waiter's lease counts its deadline from its
+// own request before the release, not from the handover, and the handed
+// lock works as any other (renewed, released, fenced).
+func TestHandedLeaseDeadlineFromTheWaitersRequest(t *testing.T) {
+	srv := startEtcd(t)
+	ctx := ctxFor(t)
+	ab, _ := newBackend(t, srv.Addr)
+	bb, _ := newBackend(t, srv.Addr)
+	a, err := lock.New(ab, lock.WithTTL(3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := lock.New(bb, lock.WithTTL(3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// a's backend follows the key (a place of its own, gone at once: the
+	// backend follows the key a while longer), so its release hands over.
+	if q, err := ab.Queue("k"); err != nil {
+		t.Fatal(err)
+	} else {
+		q.Close(false)
+	}
+	first, err := a.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		l     *lock.Lease
+		err   error
+		start time.Time
+	}
+	got := make(chan result, 1)
+	go func() {
+		start := time.Now()
+		l, err := b.Acquire(ctx, "k")
+		got <- result{l, err, start}
+	}()
+	// Until b queued: the store then shows its record.
+	cli := newClient(t, srv.Addr)
+	for {
+		resp, err := cli.Get(ctx, etcd.DefaultPrefix+"k/k\xffq/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Count == 1 {
+			break
+		}
+		time.Sleep(5 * time.Millisecond) // poll the store
+	}
+	fa := first.Fence()
+	time.Sleep(500 * time.Millisecond) // a's critical section
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	released := time.Now()
+	r := <-got
+	if r.err != nil {
+		t.Fatalf("b's Acquire: %v", r.err)
+	}
+	l := r.l
+	// Counted from b's first attempt, 500ms before the release, not from
+	// the handover: at most the TTL less those 500ms after the release.
+	if left := l.Deadline().Sub(released); left > 2500*time.Millisecond {
+		t.Errorf("b's deadline is %v after a's release; want at most 2.5s: it counts from b's own request, sent 500ms before", left)
+	}
+	if !l.Deadline().After(r.start) {
+		t.Errorf("b's deadline %v is before its Acquire began", l.Deadline())
+	}
+	if l.Fence() <= fa {
+		t.Errorf("b's fence %d after a's %d", l.Fence(), fa)
+	}
+	if err := l.Renew(ctx); err != nil {
+		t.Errorf("Renew of the handed lease: %v", err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Errorf("Release of the handed lease: %v", err)
+	}
+	if l2, err := a.TryAcquire(ctx, "k"); err != nil {
+		t.Errorf("TryAcquire after b released: %v", err)
+	} else {
+		l2.Release(ctx)
+	}
+	b.Close()
+	a.Close()
+}
+
+// An attempt that expects to queue does not refresh a lease refreshed
+// lately; when it takes the key after all, the lease is refreshed before
+// the grant is reported, so that the store keeps the lock at least the TTL
+// from the attempt; and when that lease turned out to be gone, the attempt
+// goes on with a new one.
+func TestUnexpectedGrantRefreshesTheLease(t *testing.T) {
+	srv := startEtcd(t)
+	ctx := ctxFor(t)
+	for _, gone := range []bool{false, true} {
+		name := map[bool]string{false: "lease alive", true: "lease gone"}[gone]
+		t.Run(name, func(t *testing.T) {
+			b, cli := newBackend(t, srv.Addr)
+			etcd.PredictRefusal(b, true)
+			key := "k-" + newToken()[:8]
+			// An idle lease in the pool, refreshed now.
+			tok := newToken()
+			if _, err := b.Acquire(ctx, key, tok, 6*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			h, err := b.Inspect(ctx, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := cli.Get(ctx, etcd.DefaultPrefix+"k/"+key+"\xff")
+			if err != nil || len(resp.Kvs) != 1 {
+				t.Fatalf("Get of the lock key: %v, %v", resp, err)
+			}
+			idle := clientv3.LeaseID(resp.Kvs[0].Lease)
+			if err := b.Release(ctx, key, tok); err != nil {
+				t.Fatal(err)
+			}
+			if gone {
+				if _, err := cli.Revoke(ctx, idle); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				time.Sleep(1800 * time.Millisecond) // the idle lease ages (less than a third of its 6s TTL)
+			}
+			q, err := b.Queue(key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer q.Close(true)
+			start := time.Now()
+			g, err := q.Acquire(ctx, newToken(), 6*time.Second)
+			if err != nil {
+				t.Fatalf("Acquire of a free key through a place: %v", err)
+			}
+			if g.Fence <= h.Fence || g.TTL < 6*time.Second {
+				t.Fatalf("grant %+v after fence %d; want a higher fence and the 6s TTL", g, h.Fence)
+			}
+			resp, err = cli.Get(ctx, etcd.DefaultPrefix+"k/"+key+"\xff")
+			if err != nil || len(resp.Kvs) != 1 {
+				t.Fatalf("Get of the lock key: %v, %v", resp, err)
+			}
+			if l := clientv3.LeaseID(resp.Kvs[0].Lease); gone == (l == idle) {
+				t.Fatalf("lock on lease %x, the idle one %x; want the idle one unless it was gone", l, idle)
+			}
+			ttl, err := cli.TimeToLive(ctx, clientv3.LeaseID(resp.Kvs[0].Lease))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Refreshed after the attempt began: its whole TTL is
+			// left, less the time since (TimeToLive rounds down).
+			if left := time.Duration(ttl.TTL) * time.Second; left < 6*time.Second-time.Since(start)-time.Second {
+				t.Fatalf("the lock's lease has %v left %v after the attempt began; want the 6s TTL from the attempt", left, time.Since(start))
+			}
+		})
+	}
 }

@@ -24,7 +24,7 @@ func TestOpenURL(t *testing.T) {
 	if l.TTL().Seconds() != 5 {
 		t.Errorf("TTL %v; want 5s from the URL", l.TTL())
 	}
-	resp, err := newClient(t, srv.Addr).Get(ctx, "app/k/k")
+	resp, err := newClient(t, srv.Addr).Get(ctx, "app/k/k\xff")
 	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != l.Token() {
 		t.Errorf("the lock is not under the URL's prefix app/: %v, %v", resp, err)
 	}

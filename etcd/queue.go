@@ -1,0 +1,811 @@
+package etcd
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/distlock/lock/backend"
+)
+
+// The waiters' queue and the handover (backend.Queuer).
+//
+// A waiter's place in a key's queue is a record under the lock key's queue
+// prefix: its value is the token of the waiter's latest refused acquire,
+// and it is attached to the waiter's lease, the lease its lock will be on.
+// The record's create revision orders the queue. The acquire transaction
+// of a waiter puts the record in its Else branch, so that finding the key
+// held and queueing cost one request; it takes the key only when its own
+// record still exists and comes first (deleting it in the same step), and
+// anyone else's acquire only when nobody queues.
+//
+// The release hands the lock to the head of the queue: one transaction,
+// guarded by the releasing token and by the head record's mod revision,
+// puts the head's token under the lock key, on the head's lease, and
+// deletes the head's record; the fence is the revision of that put. The
+// head learns it from its watch, with no request. Why that keeps the
+// promise:
+//
+//   - Exclusion. The put replaces the releasing token in the same step that
+//     checks it, so the two never hold the key at once, and any other
+//     acquire finds the key held.
+//   - The waiter's deadline. The lock is on the waiter's lease, whose
+//     expiry the store sets to at least its TTL after each keep-alive or
+//     grant it received; the waiter counts its deadline from the send time
+//     of the latest one the store confirmed (Handover.Since), never from
+//     the handover, which it did not send. Keep-alives of unknown outcome
+//     only make the expiry later.
+//   - Vanished records. The guard on the record's mod revision fails when
+//     the record was deleted (its lease expired or was revoked: the waiter
+//     died, stalled, or left) or replaced since the releasing backend saw
+//     it; the release then deletes the key as usual, and the waiter's
+//     watch wakes whoever is at the head. A waiter is never handed the
+//     lock from a record that vanished (the Jepsen etcd 3.4.3 finding).
+//   - A waiter that gives up revokes its lease, which deletes its record
+//     and a lock handed to it, even one handed after it gave up: nothing
+//     of it is left. A waiter whose process dies leaves the lock on its
+//     lease until the lease expires: at most its TTL after its last
+//     keep-alive (plus the leader's half-second scan for expired leases).
+//   - Fences. The handover's put is a new revision, above every revision
+//     before it.
+//
+// Each backend follows the keys it waits for with one watch per key over
+// the lock key and its queue (they share a prefix, so that the events of
+// one transaction arrive together), which stays up a while after the last
+// waiter left (followerLinger), so that this backend's release of the key
+// knows the head of the queue. A release by a backend that does not follow
+// the key deletes it; the head's watch then wakes it, and its acquire takes
+// the key.
+
+// followerLinger is how long a backend keeps following a key after its
+// last waiter for it left: a release in that time hands the lock over.
+const followerLinger = 10 * time.Second
+
+// watchSetupTimeout bounds Watch's wait for the key's watch; without it,
+// package lock backs off and retries instead of waiting for wake-ups.
+const watchSetupTimeout = 2 * time.Second
+
+// revokeTimeout bounds the revoke of a waiter's lease when it leaves
+// without the key; a lease not revoked expires after its TTL.
+const revokeTimeout = 2 * time.Second
+
+// retryMin and retryMax bound the delay before a follower whose watch broke
+// (a leader change, a connection lost) watches again.
+const (
+	retryMin = 50 * time.Millisecond
+	retryMax = time.Second
+)
+
+type queues struct {
+	b  *Backend
+	wg sync.WaitGroup // followers and revokes
+
+	mu      sync.Mutex
+	closed  bool
+	fs      map[string]*follower // by lock key
+	watched map[string]*place    // by lock key: the place of a Watch, which Backend.Acquire uses
+
+	refusable func() bool // tests: overrides the follower's prediction
+}
+
+func newQueues(b *Backend) *queues {
+	return &queues{b: b, fs: map[string]*follower{}, watched: map[string]*place{}}
+}
+
+// follower follows one lock key and its queue for this backend.
+type follower struct {
+	qs      *queues
+	lockKey string
+	qprefix string
+	ctx     context.Context
+	cancel  context.CancelFunc
+	ready   chan struct{} // closed once the view is current the first time
+
+	// Guarded by qs.mu.
+	current bool // the view below is current (the watch runs)
+	lk      kvState
+	records map[string]record
+	places  map[*place]struct{}
+	linger  *time.Timer
+}
+
+type kvState struct {
+	exists bool
+	value  string
+	mod    int64
+	lease  int64
+}
+
+type record struct {
+	token  string
+	create int64
+	mod    int64
+	lease  int64
+}
+
+// place is one waiter's place in a key's queue.
+type place struct {
+	qs      *queues
+	f       *follower
+	key     string
+	lockKey string
+	qprefix string
+	recKey  string
+	ch      chan struct{}
+
+	// Guarded by qs.mu.
+	secs      int64
+	lease     clientv3.LeaseID
+	refreshed time.Time // send time of the latest confirmed grant or keep-alive of lease
+	create    int64     // the record's create revision; 0: none known
+	recRev    int64     // revision of the latest change of the record this place knows of
+	cur       string    // the token in the record
+	tokens    map[string]bool
+	handed    *backend.Handover
+	attached  bool // handed was recorded as the lock's lease
+	took      bool // the lease carries this waiter's lock
+	closed    bool
+	headWoken bool
+	kaTimer   *time.Timer
+}
+
+// followerLocked returns the follower of lockKey, started if need be.
+// qs.mu must be held.
+func (qs *queues) followerLocked(key, lockKey string) *follower {
+	if f := qs.fs[lockKey]; f != nil {
+		if f.linger != nil {
+			f.linger.Stop()
+			f.linger = nil
+		}
+		return f
+	}
+	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(context.Background()))
+	f := &follower{qs: qs, lockKey: lockKey, qprefix: qs.b.queuePrefix(key), ctx: ctx, cancel: cancel,
+		ready: make(chan struct{}), records: map[string]record{}, places: map[*place]struct{}{}}
+	qs.fs[lockKey] = f
+	qs.wg.Add(1)
+	go f.run()
+	return f
+}
+
+// lingerLocked stops f after followerLinger unless a place comes meanwhile.
+// qs.mu must be held.
+func (f *follower) lingerLocked() {
+	if len(f.places) > 0 || f.linger != nil {
+		return
+	}
+	f.linger = time.AfterFunc(followerLinger, func() {
+		f.qs.mu.Lock()
+		defer f.qs.mu.Unlock()
+		if len(f.places) == 0 && f.qs.fs[f.lockKey] == f {
+			delete(f.qs.fs, f.lockKey)
+			f.cancel()
+		}
+	})
+}
+
+func (qs *queues) newPlace(key string) (*place, error) {
+	var id [8]byte
+	crand.Read(id[:])
+	lockKey := qs.b.lockKeyOf(key)
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	if qs.closed {
+		return nil, backend.ErrClosed
+	}
+	f := qs.followerLocked(key, lockKey)
+	p := &place{qs: qs, f: f, key: key, lockKey: lockKey, qprefix: f.qprefix,
+		recKey: f.qprefix + hex.EncodeToString(id[:]), ch: make(chan struct{}, 1), tokens: map[string]bool{}}
+	f.places[p] = struct{}{}
+	return p, nil
+}
+
+// Queue implements backend.Queuer. It sends nothing; the first place for
+// a key starts following it.
+func (b *Backend) Queue(key string) (backend.Queue, error) {
+	if err := b.check(); err != nil {
+		return nil, err
+	}
+	return b.queues.newPlace(key)
+}
+
+// Watch implements backend.Notifier, for callers that do not use Queue: a
+// place whose acquires are this backend's Acquire calls for the key until
+// it closes (one such place per key and backend). It returns once the
+// key's watch runs.
+func (b *Backend) Watch(ctx context.Context, key string) (backend.Watch, error) {
+	if err := b.check(); err != nil {
+		return nil, err
+	}
+	p, err := b.queues.newPlace(key)
+	if err != nil {
+		return nil, err
+	}
+	t := time.NewTimer(watchSetupTimeout)
+	defer t.Stop()
+	select {
+	case <-p.f.ready:
+	case <-ctx.Done():
+		p.Close(false)
+		return nil, fmt.Errorf("etcd: watch: %w", ctx.Err())
+	case <-t.C:
+		p.Close(false)
+		return nil, errors.New("etcd: watch: the store did not start the watch in time")
+	}
+	b.queues.mu.Lock()
+	b.queues.watched[p.lockKey] = p
+	b.queues.mu.Unlock()
+	return p, nil
+}
+
+// watchedPlace returns the place of a Watch of lockKey, or nil.
+func (qs *queues) watchedPlace(lockKey string) *place {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	return qs.watched[lockKey]
+}
+
+// run follows the key until the follower stops, watching again when the
+// watch breaks.
+func (f *follower) run() {
+	defer f.qs.wg.Done()
+	backoff := retryMin
+	for f.ctx.Err() == nil {
+		err := f.follow()
+		f.qs.mu.Lock()
+		f.current = false
+		for p := range f.places {
+			p.wake() // without wake-ups the waiter tries the store itself
+		}
+		f.qs.mu.Unlock()
+		if f.ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			backoff = retryMin
+		}
+		select {
+		case <-f.ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, retryMax)
+	}
+}
+
+// follow watches the lock key and its queue (one prefix) from the store's
+// current revision, reads them once etcd confirmed the watch (a watch from
+// an older revision waits for etcd's periodic catch-up, a tenth of a
+// second), and then applies the events after the read until the watch
+// breaks.
+func (f *follower) follow() error {
+	ctx, cancel := context.WithCancel(f.ctx)
+	defer cancel()
+	cli := f.qs.b.cli
+	ch := cli.Watch(ctx, f.lockKey, clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+	resp, ok := <-ch
+	switch {
+	case !ok:
+		return errors.New("etcd: watch: the watch ended before etcd confirmed it")
+	case resp.Err() != nil:
+		return fmt.Errorf("etcd: watch: %w", resp.Err())
+	case !resp.Created:
+		return errors.New("etcd: watch: an event came before the watch was confirmed")
+	}
+	read, err := cli.Get(ctx, f.lockKey, clientv3.WithPrefix())
+	if err != nil {
+		return err
+	}
+	rev := read.Header.Revision
+	f.qs.mu.Lock()
+	f.lk = kvState{}
+	clear(f.records)
+	for _, kv := range read.Kvs {
+		f.applyLocked(&clientv3.Event{Type: mvccpb.PUT, Kv: kv})
+	}
+	f.current = true
+	f.settleLocked()
+	f.qs.mu.Unlock()
+	select {
+	case <-f.ready:
+	default:
+		close(f.ready)
+	}
+	for {
+		resp, ok := <-ch
+		if !ok {
+			return errors.New("etcd: watch: the watch ended")
+		}
+		if err := resp.Err(); err != nil {
+			return err
+		}
+		f.qs.mu.Lock()
+		for _, ev := range resp.Events {
+			if ev.Kv.ModRevision > rev {
+				f.applyLocked(ev)
+			}
+		}
+		f.settleLocked()
+		f.qs.mu.Unlock()
+	}
+}
+
+// applyLocked applies one event to the view, and tells this backend's
+// places what concerns them. qs.mu must be held.
+func (f *follower) applyLocked(ev *clientv3.Event) {
+	kv := ev.Kv
+	key := string(kv.Key)
+	if key == f.lockKey {
+		if ev.Type == mvccpb.DELETE {
+			f.lk = kvState{}
+			return
+		}
+		f.lk = kvState{exists: true, value: string(kv.Value), mod: kv.ModRevision, lease: kv.Lease}
+		for p := range f.places {
+			p.handedLocked(f.lk)
+		}
+		return
+	}
+	if len(key) <= len(f.qprefix) || key[:len(f.qprefix)] != f.qprefix {
+		return // not a record of this key's queue
+	}
+	if ev.Type == mvccpb.DELETE {
+		delete(f.records, key)
+	} else {
+		f.records[key] = record{token: string(kv.Value), create: kv.CreateRevision, mod: kv.ModRevision, lease: kv.Lease}
+	}
+	for p := range f.places {
+		if p.recKey == key {
+			p.recordLocked(ev)
+		}
+	}
+}
+
+// settleLocked wakes this backend's place at the head of the queue when
+// the key is free: it came to the head, or the key was released or
+// expired while it was there; and places not queued yet when the key
+// becomes free. qs.mu must be held.
+func (f *follower) settleLocked() {
+	head, _, ok := f.headLocked()
+	for p := range f.places {
+		// A place without a record (a Watch before its first attempt)
+		// is woken as the key becomes free, as a Notifier's watch is.
+		mine := p.create == 0 || ok && head == p.recKey
+		if !mine || p.handed != nil || p.took || f.lk.exists {
+			p.headWoken = false
+			continue
+		}
+		if !p.headWoken {
+			p.headWoken = true
+			p.wake()
+		}
+	}
+}
+
+// headLocked returns the record that comes first in the queue. qs.mu must
+// be held.
+func (f *follower) headLocked() (string, record, bool) {
+	var hk string
+	var h record
+	for k, r := range f.records {
+		if hk == "" || r.create < h.create || r.create == h.create && k < hk {
+			hk, h = k, r
+		}
+	}
+	return hk, h, hk != ""
+}
+
+// head returns the head of lockKey's queue, when this backend follows the
+// key and its view is current, and keeps following it a while longer.
+func (qs *queues) head(lockKey string) (string, record, bool) {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	f := qs.fs[lockKey]
+	if f == nil || !f.current {
+		return "", record{}, false
+	}
+	if f.linger != nil && len(f.places) == 0 {
+		f.linger.Reset(followerLinger)
+	}
+	return f.headLocked()
+}
+
+// handedLocked records a handover to p: the lock key now holds the token
+// of one of p's refused acquires, on p's lease. qs.mu must be held.
+func (p *place) handedLocked(lk kvState) {
+	if p.closed || p.took || p.handed != nil || !p.tokens[lk.value] || lk.lease != int64(p.lease) || p.refreshed.IsZero() {
+		return
+	}
+	p.handed = &backend.Handover{
+		Token: lk.value,
+		Grant: backend.Grant{Fence: uint64(lk.mod), TTL: time.Duration(p.secs) * time.Second},
+		Since: p.refreshed,
+	}
+	p.create = 0 // the handover deleted the record
+	if p.kaTimer != nil {
+		p.kaTimer.Stop()
+	}
+	p.wake()
+}
+
+// recordLocked follows p's record: a deletion that is not the handover's
+// (whose put of the lock key came first in the same transaction) or an
+// acquire's of p's (which then reports it) means the record vanished.
+// qs.mu must be held.
+func (p *place) recordLocked(ev *clientv3.Event) {
+	rev := ev.Kv.ModRevision
+	if rev <= p.recRev {
+		return // p knows a later state
+	}
+	p.recRev = rev
+	if ev.Type == mvccpb.PUT {
+		p.create = ev.Kv.CreateRevision
+		return
+	}
+	p.create = 0
+	if p.handed == nil && !p.took {
+		p.wake() // the waiter queues again, at the back
+	}
+}
+
+func (p *place) wake() {
+	select {
+	case p.ch <- struct{}{}:
+	default:
+	}
+}
+
+// C implements backend.Watch.
+func (p *place) C() <-chan struct{} { return p.ch }
+
+// Handed implements backend.Queue.
+func (p *place) Handed() (backend.Handover, bool) {
+	p.qs.mu.Lock()
+	defer p.qs.mu.Unlock()
+	if p.handed == nil || p.closed {
+		return backend.Handover{}, false
+	}
+	if !p.attached {
+		p.attached = true
+		p.qs.b.leases.attach(p.lockKey, p.handed.Token, p.lease, p.secs, p.handed.Since, false, false)
+	}
+	return *p.handed, true
+}
+
+// Close implements backend.Watch: unless the waiter took the key (by its
+// acquire, or by taking what Handed reported), it revokes the waiter's
+// lease in the background, which deletes its record and any lock handed
+// to it, now or by a release still on its way.
+func (p *place) Close(took bool) error {
+	qs := p.qs
+	qs.mu.Lock()
+	if p.closed {
+		qs.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	if p.kaTimer != nil {
+		p.kaTimer.Stop()
+	}
+	delete(p.f.places, p)
+	p.f.lingerLocked()
+	if qs.watched[p.lockKey] == p {
+		delete(qs.watched, p.lockKey)
+	}
+	kept := p.took || took && p.attached
+	id := p.lease
+	if !kept && id != clientv3.NoLease {
+		qs.wg.Add(1)
+	}
+	qs.mu.Unlock()
+	if kept || id == clientv3.NoLease {
+		return nil
+	}
+	go func() {
+		defer qs.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), revokeTimeout)
+		defer cancel()
+		qs.b.revoke(ctx, id)
+	}()
+	return nil
+}
+
+// Acquire implements backend.Queue.
+func (p *place) Acquire(ctx context.Context, token string, ttl time.Duration) (backend.Grant, error) {
+	b := p.qs.b
+	if err := b.check(); err != nil {
+		return backend.Grant{}, err
+	}
+	secs := seconds(ttl)
+	for attempt := 0; ; attempt++ {
+		g, err := p.try(ctx, token, secs)
+		if errors.Is(err, errLeaseGone) && attempt == 0 {
+			continue // the place's lease expired: the next try takes another
+		}
+		return g, err
+	}
+}
+
+// leaseFor returns the lease for an attempt, and when the attempt was
+// sent: the place's own or an idle one, refreshed by a keep-alive whose
+// answer comes on ka, or a new one (granted its TTL). When the attempt
+// will most likely queue (refusable), a lease refreshed less than a third
+// of its TTL ago is not refreshed (ka nil, granted 0): its record lives,
+// and the place keeps it alive from then on; should the attempt take the
+// key after all, try refreshes the lease before it reports the grant.
+func (p *place) leaseFor(ctx context.Context, secs int64, refusable bool) (id clientv3.LeaseID, sent time.Time, ka <-chan kaAnswer, granted time.Duration, err error) {
+	b := p.qs.b
+	p.qs.mu.Lock()
+	if p.lease != clientv3.NoLease && p.secs != secs {
+		p.qs.mu.Unlock()
+		return 0, time.Time{}, nil, 0, fmt.Errorf("%w: etcd: a waiter's acquires must use one TTL; the first asked for %ds, this one %ds", backend.ErrInvalid, p.secs, secs)
+	}
+	id, refreshed := p.lease, p.refreshed
+	p.qs.mu.Unlock()
+	if id == clientv3.NoLease {
+		id, refreshed = b.leases.take(secs)
+	}
+	sent = time.Now()
+	fresh := time.Since(refreshed) < time.Duration(secs)*time.Second/3
+	switch {
+	case id != clientv3.NoLease && refusable && fresh:
+	case id != clientv3.NoLease:
+		ka, err = b.ka.start(id)
+		if err != nil {
+			return 0, time.Time{}, nil, 0, storeErr(ctx, "acquire: keep-alive", err)
+		}
+	default:
+		resp, err := b.cli.Grant(ctx, secs)
+		if err != nil {
+			return 0, time.Time{}, nil, 0, storeErr(ctx, "acquire: lease", err)
+		}
+		id, granted, refreshed = resp.ID, time.Duration(resp.TTL)*time.Second, sent
+	}
+	p.qs.mu.Lock()
+	p.lease, p.secs = id, secs
+	if refreshed.After(p.refreshed) {
+		p.refreshed = refreshed
+	}
+	p.qs.mu.Unlock()
+	return id, sent, ka, granted, nil
+}
+
+// refusableLocked reports whether an attempt of p will most likely find
+// the key held or others queued before it, by the follower's view.
+// qs.mu must be held.
+func (p *place) refusableLocked() bool {
+	if p.qs.refusable != nil {
+		return p.qs.refusable()
+	}
+	f := p.f
+	if !f.current {
+		return false
+	}
+	if f.lk.exists {
+		return true
+	}
+	for k := range f.records {
+		if k != p.recKey {
+			return true
+		}
+	}
+	return false
+}
+
+// try is one acquire transaction of the waiter (see the comment at the
+// top of this file).
+func (p *place) try(ctx context.Context, token string, secs int64) (backend.Grant, error) {
+	b := p.qs.b
+	p.qs.mu.Lock()
+	refusable := p.refusableLocked()
+	p.qs.mu.Unlock()
+	id, sent, ka, granted, err := p.leaseFor(ctx, secs, refusable)
+	if err != nil {
+		return backend.Grant{}, err
+	}
+	lk, tk, rk := p.lockKey, b.tombKeyOf(p.key, token), p.recKey
+	p.qs.mu.Lock()
+	create, prev := p.create, p.cur
+	p.qs.mu.Unlock()
+
+	cmps := []clientv3.Cmp{
+		clientv3.Compare(clientv3.CreateRevision(lk), "=", 0),
+		clientv3.Compare(clientv3.CreateRevision(tk), "=", 0),
+	}
+	then := []clientv3.Op{clientv3.OpPut(lk, token, clientv3.WithLease(id))}
+	if create > 0 {
+		// The record still exists and comes first: every record's
+		// create revision is at least its own.
+		cmps = append(cmps,
+			clientv3.Compare(clientv3.CreateRevision(rk), "=", create),
+			clientv3.Compare(clientv3.CreateRevision(p.qprefix), ">", create-1).WithPrefix())
+		then = append(then, clientv3.OpDelete(rk))
+	} else {
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(p.qprefix), "=", 0).WithPrefix())
+	}
+	enqueue := []clientv3.Op{
+		clientv3.OpGet(tk, clientv3.WithCountOnly()),
+		clientv3.OpPut(rk, token, clientv3.WithLease(id), clientv3.WithPrevKV()),
+	}
+	els := enqueue
+	if prev != "" {
+		// A release may have handed the lock to the previous token
+		// meanwhile: take it over with this one instead of queueing.
+		els = []clientv3.Op{clientv3.OpTxn(
+			[]clientv3.Cmp{
+				clientv3.Compare(clientv3.Value(lk), "=", prev),
+				clientv3.Compare(clientv3.LeaseValue(lk), "=", id),
+				clientv3.Compare(clientv3.CreateRevision(tk), "=", 0),
+			},
+			[]clientv3.Op{clientv3.OpPut(lk, token, clientv3.WithLease(id))},
+			enqueue,
+		)}
+	}
+	resp, err := b.cli.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
+	took := err == nil && resp.Succeeded
+	enq := resp
+	if err == nil && !resp.Succeeded && prev != "" {
+		inner := resp.Responses[0].GetResponseTxn()
+		took = inner.Succeeded
+		enq = (*clientv3.TxnResponse)(inner)
+	}
+	if ka != nil {
+		var kerr error
+		var kttl int64
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			kerr = rpctypes.ErrLeaseNotFound
+		} else {
+			kttl, kerr = await(ctx, ka)
+		}
+		switch {
+		case errors.Is(kerr, rpctypes.ErrLeaseNotFound) && (errors.Is(err, rpctypes.ErrLeaseNotFound) || err == nil && !took):
+			// The lease expired, and with it the record, if any.
+			p.leaseGone(id)
+			return backend.Grant{}, errLeaseGone
+		case kerr != nil && err == nil && !took:
+			// Queued; the lease's refresh is unknown, so its
+			// confirmed refresh stays the earlier one.
+		case kerr != nil:
+			b.leases.attach(lk, token, id, secs, sent, true, true)
+			return backend.Grant{}, storeErr(ctx, "acquire: keep-alive", errors.Join(kerr, err))
+		default:
+			granted = time.Duration(kttl) * time.Second
+			p.refreshedAt(sent)
+		}
+	} else if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		// The lease expired before the attempt (it was not refreshed
+		// for it); the transaction did nothing.
+		p.leaseGone(id)
+		return backend.Grant{}, errLeaseGone
+	} else if err == nil && took && granted == 0 {
+		// Taken on a lease not refreshed for this attempt: refresh it
+		// now. Once the store confirms it, it keeps the lock at least
+		// the TTL from the keep-alive, which was sent after the
+		// attempt; until then the lease lived (it was found).
+		kaSent := time.Now()
+		kttl, kerr := b.ka.keepAlive(ctx, id)
+		switch {
+		case errors.Is(kerr, rpctypes.ErrLeaseNotFound):
+			// Expired between the two: the key went with it.
+			p.leaseGone(id)
+			return backend.Grant{}, errLeaseGone
+		case kerr != nil:
+			b.leases.attach(lk, token, id, secs, sent, true, true)
+			return backend.Grant{}, storeErr(ctx, "acquire: keep-alive", kerr)
+		}
+		granted = time.Duration(kttl) * time.Second
+		p.refreshedAt(kaSent)
+	}
+	if err != nil {
+		// The key may be attached to the lease now or later: the
+		// release that package lock sends to undo this attempt finds
+		// the lease here and revokes it, as Close does.
+		b.leases.attach(lk, token, id, secs, sent, true, false)
+		return backend.Grant{}, storeErr(ctx, "acquire", err)
+	}
+	if took {
+		p.qs.mu.Lock()
+		p.took, p.create, p.recRev = true, 0, resp.Header.Revision
+		p.qs.mu.Unlock()
+		b.leases.attach(lk, token, id, secs, sent, false, false)
+		return backend.Grant{Fence: uint64(resp.Header.Revision), TTL: granted}, nil
+	}
+	if enq.Responses[0].GetResponseRange().Count > 0 {
+		return backend.Grant{}, errDead
+	}
+	created := resp.Header.Revision
+	if prev := enq.Responses[1].GetResponsePut().PrevKv; prev != nil {
+		created = prev.CreateRevision // the place it had
+	}
+	p.qs.mu.Lock()
+	if resp.Header.Revision > p.recRev {
+		p.create, p.recRev = created, resp.Header.Revision
+	}
+	p.cur = token
+	p.tokens[token] = true
+	// Queued anew: a lock handed to an earlier token and not taken
+	// (package lock frees one with no validity left) is history.
+	p.handed, p.attached = nil, false
+	p.scheduleKeepAliveLocked()
+	p.qs.mu.Unlock()
+	return backend.Grant{}, backend.Locked(0)
+}
+
+// refreshedAt records a confirmed refresh of the place's lease sent at
+// sent.
+func (p *place) refreshedAt(sent time.Time) {
+	p.qs.mu.Lock()
+	defer p.qs.mu.Unlock()
+	if sent.After(p.refreshed) {
+		p.refreshed = sent
+	}
+}
+
+// leaseGone forgets the place's lease id, which the store no longer has.
+func (p *place) leaseGone(id clientv3.LeaseID) {
+	p.qs.mu.Lock()
+	defer p.qs.mu.Unlock()
+	if p.lease == id {
+		p.lease, p.refreshed, p.create = clientv3.NoLease, time.Time{}, 0
+	}
+}
+
+// scheduleKeepAliveLocked keeps the place's lease, and so its record,
+// alive while the waiter waits: a keep-alive every third of its TTL.
+// qs.mu must be held.
+func (p *place) scheduleKeepAliveLocked() {
+	if p.kaTimer != nil || p.closed {
+		return
+	}
+	period := time.Duration(p.secs) * time.Second / 3
+	p.kaTimer = time.AfterFunc(period, func() {
+		p.qs.mu.Lock()
+		if p.closed || p.took || p.handed != nil || p.lease == clientv3.NoLease || p.qs.closed {
+			p.kaTimer = nil
+			p.qs.mu.Unlock()
+			return
+		}
+		id := p.lease
+		p.qs.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), period)
+		sent := time.Now()
+		_, err := p.qs.b.ka.keepAlive(ctx, id)
+		cancel()
+		switch {
+		case err == nil:
+			p.refreshedAt(sent)
+		case errors.Is(err, rpctypes.ErrLeaseNotFound):
+			p.leaseGone(id)
+			p.wake() // the record went with it: queue again
+		}
+		p.qs.mu.Lock()
+		p.kaTimer = nil
+		if p.lease != clientv3.NoLease {
+			p.scheduleKeepAliveLocked()
+		}
+		p.qs.mu.Unlock()
+	})
+}
+
+// close ends every follower and waits for them and for the revokes of
+// leaving waiters.
+func (qs *queues) close() {
+	qs.mu.Lock()
+	qs.closed = true
+	for _, f := range qs.fs {
+		f.cancel()
+		if f.linger != nil {
+			f.linger.Stop()
+		}
+	}
+	qs.mu.Unlock()
+	qs.wg.Wait()
+}
