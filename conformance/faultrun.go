@@ -52,6 +52,7 @@ type faultOptions struct {
 	duration   time.Duration
 	contenders int
 	keys       int
+	flaw       string // FaultFlaw
 }
 
 // FaultRuns sets how many seeded runs RunFaults makes (default 5;
@@ -89,6 +90,9 @@ func faultOptionsOf(opts []FaultOption) (faultOptions, error) {
 			return o, fmt.Errorf("LOCK_FAULT_DURATION=%q: want a positive Go duration such as 10s", v)
 		}
 		o.duration = d
+	}
+	if err := checkFlaw(o.flaw); err != nil {
+		return o, err
 	}
 	if o.runs < 1 || o.duration <= 0 || o.contenders < 2 || o.keys < 1 {
 		return o, fmt.Errorf("fault runs: %d runs of %v with %d contenders on %d keys; want at least 1 run, a positive duration, 2 contenders and 1 key", o.runs, o.duration, o.contenders, o.keys)
@@ -201,9 +205,14 @@ func (s *suite) faultRun(t *testing.T, seed uint64, o faultOptions) *faultResult
 	}
 	backends := make([]backend.Backend, o.contenders)
 	clients := make([]*lock.Client, o.contenders)
+	flaws := newFlawState()
 	for i := range clients {
 		backends[i] = s.backend(t)
-		clients[i] = s.clientOver(t, backends[i], lock.WithTTL(ttl))
+		b := backends[i]
+		if o.flaw != "" {
+			b = withFlaw(b, o.flaw, flaws)
+		}
+		clients[i] = s.clientOver(t, b, lock.WithTTL(ttl))
 	}
 	rec := newRecorder()
 	var guard fence.Guard

@@ -299,3 +299,11 @@ func TestFaultRunsRedlock3(t *testing.T) {
 		return newRedlockHarness(t, 3, redistest.AOFAlways)
 	})
 }
+
+// The negative control under faults: the same runs over a wrapper with a
+// known flaw must find it.
+func TestFaultRunsCatchFlaws(t *testing.T) {
+	conformance.RunFlawControls(t, func(t *testing.T) conformance.Harness {
+		return &singleHarness{proxied: proxied{t: t}, srv: redistest.Start(t, redistest.AOFAlways), durable: true}
+	}, 10, conformance.FaultDuration(5*time.Second), conformance.FaultContenders(6))
+}
