@@ -192,29 +192,43 @@ func (f *follower) lingerLocked() {
 	})
 }
 
-func (qs *queues) newPlace(key string) (*place, error) {
+// newPlace returns a place in key's queue; follow says whether it follows
+// the key at once, or only once an attempt queued it.
+func (qs *queues) newPlace(key string, follow bool) (*place, error) {
 	var id [8]byte
 	crand.Read(id[:])
-	lockKey := qs.b.lockKeyOf(key)
+	lockKey, qprefix := qs.b.lockKeyOf(key), qs.b.queuePrefix(key)
 	qs.mu.Lock()
 	defer qs.mu.Unlock()
 	if qs.closed {
 		return nil, backend.ErrClosed
 	}
-	f := qs.followerLocked(key, lockKey)
-	p := &place{qs: qs, f: f, key: key, lockKey: lockKey, qprefix: f.qprefix,
-		recKey: f.qprefix + hex.EncodeToString(id[:]), ch: make(chan struct{}, 1), tokens: map[string]bool{}}
-	f.places[p] = struct{}{}
+	p := &place{qs: qs, key: key, lockKey: lockKey, qprefix: qprefix,
+		recKey: qprefix + hex.EncodeToString(id[:]), ch: make(chan struct{}, 1), tokens: map[string]bool{}}
+	if follow {
+		p.followLocked()
+	}
 	return p, nil
 }
 
-// Queue implements backend.Queuer. It sends nothing; the first place for
-// a key starts following it.
+// followLocked makes p follow its key, through the backend's follower of
+// it. qs.mu must be held.
+func (p *place) followLocked() {
+	if p.f != nil || p.closed || p.qs.closed {
+		return
+	}
+	p.f = p.qs.followerLocked(p.key, p.lockKey)
+	p.f.places[p] = struct{}{}
+}
+
+// Queue implements backend.Queuer. It sends nothing: the place follows the
+// key (the backend's one watch of it) once an attempt of it queued, so that
+// acquires that find the key free cost nothing more.
 func (b *Backend) Queue(key string) (backend.Queue, error) {
 	if err := b.check(); err != nil {
 		return nil, err
 	}
-	return b.queues.newPlace(key)
+	return b.queues.newPlace(key, false)
 }
 
 // Watch implements backend.Notifier, for callers that do not use Queue: a
@@ -225,7 +239,7 @@ func (b *Backend) Watch(ctx context.Context, key string) (backend.Watch, error) 
 	if err := b.check(); err != nil {
 		return nil, err
 	}
-	p, err := b.queues.newPlace(key)
+	p, err := b.queues.newPlace(key, true)
 	if err != nil {
 		return nil, err
 	}
@@ -495,8 +509,10 @@ func (p *place) Close(took bool) error {
 	if p.kaTimer != nil {
 		p.kaTimer.Stop()
 	}
-	delete(p.f.places, p)
-	p.f.lingerLocked()
+	if p.f != nil {
+		delete(p.f.places, p)
+		p.f.lingerLocked()
+	}
 	if qs.watched[p.lockKey] == p {
 		delete(qs.watched, p.lockKey)
 	}
@@ -586,7 +602,10 @@ func (p *place) refusableLocked() bool {
 		return p.qs.refusable()
 	}
 	f := p.f
-	if !f.current {
+	if f == nil {
+		f = p.qs.fs[p.lockKey] // the backend follows the key for others
+	}
+	if f == nil || !f.current {
 		return false
 	}
 	if f.lk.exists {
@@ -731,6 +750,15 @@ func (p *place) try(ctx context.Context, token string, secs int64) (backend.Gran
 	}
 	p.cur = token
 	p.tokens[token] = true
+	if p.f == nil {
+		p.followLocked()
+		// A follower that ran before may have seen the key freed, or
+		// handed to this token, before the place joined it.
+		if p.f != nil && p.f.current {
+			p.handedLocked(p.f.lk)
+			p.f.settleLocked()
+		}
+	}
 	// Queued anew: a lock handed to an earlier token and not taken
 	// (package lock frees one with no validity left) is history.
 	p.handed, p.attached = nil, false

@@ -88,6 +88,17 @@ func holderOf(ctx context.Context, t *testing.T, b *etcd.Backend, key string) ba
 	return h
 }
 
+// follow makes b follow key for a while: a watch of it, closed at once
+// (the backend follows the key some seconds longer).
+func follow(ctx context.Context, t *testing.T, b *etcd.Backend, key string) {
+	t.Helper()
+	w, err := b.Watch(ctx, key)
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	w.Close(false)
+}
+
 // A release by a backend that follows the key hands the lock to the head
 // of the queue, in queue order, with fences that grow; a release by one
 // that does not deletes the key and wakes the head, whose acquire takes
@@ -168,13 +179,8 @@ func TestQueueRecordVanishes(t *testing.T) {
 	srv := startEtcd(t)
 	ctx := ctxFor(t)
 	holder, cli := newBackend(t, srv.Addr)
-	// The holder follows the key (a place of its own, gone at once: the
-	// backend follows the key a while longer), so its release hands over.
-	if q, err := holder.Queue("k"); err != nil {
-		t.Fatal(err)
-	} else {
-		q.Close(false)
-	}
+	// The holder follows the key, so its release hands over.
+	follow(ctx, t, holder, "k")
 	tok := newToken()
 	if _, err := holder.Acquire(ctx, "k", tok, 10*time.Second); err != nil {
 		t.Fatalf("Acquire: %v", err)
@@ -234,11 +240,7 @@ func TestQueueGivingUpLeavesNothing(t *testing.T) {
 		t.Run(when, func(t *testing.T) {
 			key := "k-" + newToken()[:8]
 			holder, cli := newBackend(t, srv.Addr)
-			if q, err := holder.Queue(key); err != nil {
-				t.Fatal(err)
-			} else {
-				q.Close(false)
-			}
+			follow(ctx, t, holder, key)
 			tok := newToken()
 			if _, err := holder.Acquire(ctx, key, tok, 10*time.Second); err != nil {
 				t.Fatalf("Acquire: %v", err)
@@ -297,13 +299,8 @@ func TestHandedLeaseDeadlineFromTheWaitersRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// a's backend follows the key (a place of its own, gone at once: the
-	// backend follows the key a while longer), so its release hands over.
-	if q, err := ab.Queue("k"); err != nil {
-		t.Fatal(err)
-	} else {
-		q.Close(false)
-	}
+	// a's backend follows the key, so its release hands over.
+	follow(ctx, t, ab, "k")
 	first, err := a.Acquire(ctx, "k")
 	if err != nil {
 		t.Fatal(err)
