@@ -251,7 +251,7 @@ func TestRedlockMinorityNotHeldIsNotTheAnswer(t *testing.T) {
 		time.Sleep(time.Millisecond) // poll the node
 	}
 	rdbs[0].Del(ctx, "lock:{k}")
-	srvs[2].Stop()               // node 2 does not answer
+	srvs[2].Stop() // node 2 does not answer
 	t.Cleanup(srvs[2].Continue)
 	_, err := r.Renew(ctx, "k", "tok", 10*time.Second)
 	if err == nil || errors.Is(err, backend.ErrNotHeld) {
