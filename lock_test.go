@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"runtime"
 	"strings"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -854,5 +855,159 @@ func TestOpenErrorSaysItsPrefixOnce(t *testing.T) {
 	}
 	if n := strings.Count(err.Error(), "lock: "); n != 1 {
 		t.Errorf("Open: %q says %q %d times; want once", err, "lock: ", n)
+	}
+}
+
+// queuing is a backend.Queuer over a memory backend whose handovers the
+// test makes by hand: an extra for package lock's side of the handover (the
+// etcd package proves it against a real store).
+type queuing struct {
+	remoteLike
+	mu       sync.Mutex
+	place    *fakePlace
+	released []string
+}
+
+func (q *queuing) Release(ctx context.Context, key, token string) error {
+	q.mu.Lock()
+	q.released = append(q.released, token)
+	q.mu.Unlock()
+	return q.remoteLike.Release(ctx, key, token)
+}
+
+func (q *queuing) Queue(key string) (backend.Queue, error) {
+	p := &fakePlace{q: q, key: key, ch: make(chan struct{}, 1)}
+	q.mu.Lock()
+	q.place = p
+	q.mu.Unlock()
+	return p, nil
+}
+
+type fakePlace struct {
+	q      *queuing
+	key    string
+	ch     chan struct{}
+	mu     sync.Mutex
+	tokens []string
+	handed *backend.Handover
+	closed bool
+}
+
+func (p *fakePlace) C() <-chan struct{} { return p.ch }
+
+func (p *fakePlace) Close(bool) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	return nil
+}
+
+func (p *fakePlace) Acquire(ctx context.Context, token string, ttl time.Duration) (backend.Grant, error) {
+	g, err := p.q.remoteLike.Acquire(ctx, p.key, token, ttl)
+	if errors.Is(err, backend.ErrLocked) {
+		p.mu.Lock()
+		p.tokens = append(p.tokens, token)
+		p.mu.Unlock()
+	}
+	return g, err
+}
+
+func (p *fakePlace) Handed() (backend.Handover, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.handed == nil {
+		return backend.Handover{}, false
+	}
+	h := *p.handed
+	p.handed = nil
+	return h, true
+}
+
+// hand hands the lock to token and wakes the waiter.
+func (p *fakePlace) hand(token string, fence uint64, since time.Time) {
+	p.mu.Lock()
+	p.handed = &backend.Handover{Token: token, Grant: backend.Grant{Fence: fence}, Since: since}
+	p.mu.Unlock()
+	select {
+	case p.ch <- struct{}{}:
+	default:
+	}
+}
+
+// queued returns the tokens the place queued so far.
+func (p *fakePlace) queued() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.tokens...)
+}
+
+// Package lock takes a lock the store handed to its waiter only for a token
+// of its own that the store queued, counts its deadline from the send time
+// the store reports, and frees a lock handed with no validity left and
+// waits on.
+func TestHandedLocks(t *testing.T) {
+	store := memory.New()
+	q := &queuing{remoteLike: remoteLike{&probe{Backend: memory.New()}}}
+	q.remoteLike.probe.Backend = store
+	c, err := lock.New(q, lock.WithTTL(2*time.Second), lock.WithAutoRenew(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	holder, err := lock.New(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	if _, err := holder.Acquire(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		l   *lock.Lease
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		l, err := c.Acquire(ctx, "k")
+		got <- result{l, err}
+	}()
+	var p *fakePlace
+	until(t, "the waiter queued", func() bool {
+		q.mu.Lock()
+		p = q.place
+		q.mu.Unlock()
+		return p != nil && len(p.queued()) == 1
+	})
+	// A token that is not the waiter's: ignored; the waiter tries again.
+	p.hand("0123456789abcdef0123456789abcdef", 7, time.Now())
+	until(t, "the waiter's next attempt", func() bool { return len(p.queued()) == 2 })
+	// Its own token, with no validity left: freed, and the waiter waits on.
+	stale := p.queued()[1]
+	p.hand(stale, 8, time.Now().Add(-3*time.Second))
+	until(t, "the stale handover freed", func() bool {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return slices.Contains(q.released, stale)
+	})
+	until(t, "the waiter's attempt after the stale handover", func() bool { return len(p.queued()) == 3 })
+	select {
+	case r := <-got:
+		t.Fatalf("Acquire returned %v, %v on a handover with no validity left", r.l, r.err)
+	default:
+	}
+	// Its own token, handed 500ms after the send time the store reports.
+	tok := p.queued()[2]
+	since := time.Now().Add(-500 * time.Millisecond)
+	p.hand(tok, 9, since)
+	r := <-got
+	if r.err != nil {
+		t.Fatalf("Acquire: %v", r.err)
+	}
+	if r.l.Token() != tok || r.l.Fence() != 9 {
+		t.Fatalf("lease of token %s, fence %d; want %s, 9", r.l.Token(), r.l.Fence(), tok)
+	}
+	if dl := r.l.Deadline(); dl.After(since.Add(2*time.Second)) || dl.Before(since.Add(time.Second)) {
+		t.Fatalf("deadline %v after the reported send; want at most the 2s TTL (less the drift)", dl.Sub(since))
 	}
 }
