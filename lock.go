@@ -384,7 +384,7 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 	splits := 0
 	for {
 		if queue != nil {
-			if l := c.handed(ctx, queue, key, cfg, refused); l != nil {
+			if l := c.handed(queue, key, cfg, refused); l != nil {
 				took = true
 				return l, nil
 			}
@@ -491,9 +491,10 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 // store keeps the lock at least the grant's TTL; it is converted to the
 // call's clock by its age, read after the clock, so that it can only come
 // out earlier. Only a token whose attempt the store refused (and so
-// queued) is taken; a lock handed with no validity left is freed, and the
-// call waits on.
-func (c *Client) handed(ctx context.Context, q backend.Queue, key string, cfg *config, refused map[string]bool) *Lease {
+// queued) is taken; a lock handed with no validity left is not, and the
+// call's next attempt takes it over as a new grant (see Queue.Acquire) or,
+// should the store have lost it meanwhile, queues.
+func (c *Client) handed(q backend.Queue, key string, cfg *config, refused map[string]bool) *Lease {
 	h, ok := q.Handed()
 	if !ok || !refused[h.Token] {
 		return nil
@@ -502,12 +503,11 @@ func (c *Client) handed(ctx context.Context, q backend.Queue, key string, cfg *c
 	sent := now.Add(-time.Since(h.Since))
 	l := c.newLease(key, h.Token, cfg, sent, h.Grant)
 	if !l.Deadline().After(now) {
-		l.leftTurn.Store(true) // the call keeps the client's turn: it waits on
+		l.leftTurn.Store(true) // the call keeps the client's turn: it goes on
 		l.mu.Lock()
 		l.endLocked(stateLost, fmt.Errorf("%w: handed over with no validity left", ErrLost))
 		l.mu.Unlock()
 		delete(refused, h.Token)
-		c.cleanup(ctx, key, h.Token, cfg.ttl, false)
 		return nil
 	}
 	c.watchLoss(l)

@@ -225,7 +225,9 @@ type Queue interface {
 	// others queue before the waiter, the same request puts the waiter in
 	// the queue with token (the place its first refused Acquire took, or
 	// the back of the queue when that place was lost) and returns
-	// ErrLocked.
+	// ErrLocked. When the store handed the lock to the waiter and the
+	// caller did not take it (Handed came too late to count on), Acquire
+	// takes it over for token, as a new grant.
 	Acquire(ctx context.Context, token string, ttl time.Duration) (Grant, error)
 	// Handed reports the lock the store handed to the waiter: to the token
 	// of one of its Acquires that returned ErrLocked. Since is the send

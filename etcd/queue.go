@@ -150,7 +150,6 @@ type place struct {
 	cur       string    // the token in the record
 	tokens    map[string]bool
 	handed    *backend.Handover
-	attached  bool // handed was recorded as the lock's lease
 	took      bool // the lease carries this waiter's lock
 	closed    bool
 	headWoken bool
@@ -487,10 +486,6 @@ func (p *place) Handed() (backend.Handover, bool) {
 	if p.handed == nil || p.closed {
 		return backend.Handover{}, false
 	}
-	if !p.attached {
-		p.attached = true
-		p.qs.b.leases.attach(p.lockKey, p.handed.Token, p.lease, p.secs, p.handed.Since, false, false)
-	}
 	return *p.handed, true
 }
 
@@ -516,7 +511,15 @@ func (p *place) Close(took bool) error {
 	if qs.watched[p.lockKey] == p {
 		delete(qs.watched, p.lockKey)
 	}
-	kept := p.took || took && p.attached
+	if took && !p.took && p.handed != nil {
+		// The caller took the lock handed to it: the lease is the lock's
+		// now. (Not before: a release of a token whose handover the
+		// caller did not take must not revoke the lease the place goes
+		// on with.)
+		p.took = true
+		qs.b.leases.attach(p.lockKey, p.handed.Token, p.lease, p.secs, p.handed.Since, false, false)
+	}
+	kept := p.took
 	id := p.lease
 	if !kept && id != clientv3.NoLease {
 		qs.wg.Add(1)
@@ -657,7 +660,9 @@ func (p *place) try(ctx context.Context, token string, secs int64) (backend.Gran
 	els := enqueue
 	if prev != "" {
 		// A release may have handed the lock to the previous token
-		// meanwhile: take it over with this one instead of queueing.
+		// (and the caller did not take it: it learned of it too late to
+		// count on it, or not yet): take it over with this one, a new
+		// grant with its own keep-alive, instead of queueing.
 		els = []clientv3.Op{clientv3.OpTxn(
 			[]clientv3.Cmp{
 				clientv3.Compare(clientv3.Value(lk), "=", prev),
@@ -759,9 +764,9 @@ func (p *place) try(ctx context.Context, token string, secs int64) (backend.Gran
 			p.f.settleLocked()
 		}
 	}
-	// Queued anew: a lock handed to an earlier token and not taken
-	// (package lock frees one with no validity left) is history.
-	p.handed, p.attached = nil, false
+	// Queued anew: a lock handed to an earlier token and not taken is
+	// history.
+	p.handed = nil
 	p.scheduleKeepAliveLocked()
 	p.qs.mu.Unlock()
 	return backend.Grant{}, backend.Locked(0)

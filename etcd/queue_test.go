@@ -3,6 +3,7 @@ package etcd_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/distlock/lock"
 	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/conformance/faultproxy"
 	"github.com/distlock/lock/etcd"
 )
 
@@ -433,5 +435,68 @@ func TestUnexpectedGrantRefreshesTheLease(t *testing.T) {
 				t.Fatalf("the lock's lease has %v left %v after the attempt began; want the 6s TTL from the attempt", left, time.Since(start))
 			}
 		})
+	}
+}
+
+// A waiter whose replies (and watch events) are held while the lock is
+// handed to it learns of it late, and counts its deadline from a request
+// the store confirmed: no one else takes the key before that deadline,
+// and the store still holds it for the waiter then.
+func TestHandoverWithRepliesHeld(t *testing.T) {
+	srv := startEtcd(t)
+	ctx := ctxFor(t)
+	for round := range 3 {
+		key := fmt.Sprintf("k%d", round)
+		hb, _ := newBackend(t, srv.Addr)
+		follow(ctx, t, hb, key)
+		holder, err := lock.New(hb, lock.WithTTL(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		px := faultproxy.Start(t, srv.Addr)
+		wb, err := etcd.New(newClient(t, px.Addr), etcd.WithElectionTimeout(electionTimeout))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { wb.Close() })
+		waiter, err := lock.New(wb, lock.WithTTL(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		other, _ := newBackend(t, srv.Addr)
+		h, err := holder.Acquire(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan *lock.Lease, 1)
+		go func() {
+			l, err := waiter.Acquire(ctx, key)
+			if err != nil {
+				t.Errorf("waiter's Acquire: %v", err)
+			}
+			got <- l
+		}()
+		time.Sleep(300 * time.Millisecond) // the waiter queues
+		px.Hold(faultproxy.ToClient)
+		time.Sleep(time.Duration(200+round*400) * time.Millisecond)
+		if err := h.Release(ctx); err != nil { // hands the lock to the waiter
+			t.Fatal(err)
+		}
+		time.Sleep(1500 * time.Millisecond) // longer than the TTL
+		px.Deliver(faultproxy.ToClient)
+		l := <-got
+		if l == nil {
+			return
+		}
+		dl := l.Deadline() // as the waiter got it (renewals move it on)
+		for time.Now().Before(dl) {
+			if g, err := other.Acquire(ctx, key, newToken(), time.Second); err == nil {
+				t.Fatalf("round %d: another client took the key (fence %d) %v before the waiter's deadline (its fence %d)", round, g.Fence, time.Until(dl), l.Fence())
+			}
+			time.Sleep(5 * time.Millisecond) // poll the store
+		}
+		l.Release(ctx)
+		holder.Close()
+		waiter.Close()
 	}
 }
