@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -20,12 +21,14 @@ import (
 )
 
 // Randomized fault runs: contenders take and release locks on a few keys
-// while a seeded schedule injects one fault every 1 to 5 seconds, drawn from
-// the hooks the harness offers: the store paused shorter and longer than
-// the TTL, restarted keeping its data (for stores whose fences are
-// durable), one client cut off, one client's traffic delayed by a fifth of
-// the TTL each way, one client's connections reset, replies held after the
-// store acted and then delivered late or dropped. Then the faults heal and the run is checked:
+// (some in helper processes of their own, see ProcessContenders) while a
+// seeded schedule injects one fault every 1 to 5 seconds, drawn from the
+// hooks the harness offers: the store paused shorter and longer than the
+// TTL, restarted keeping its data (for stores whose fences are durable),
+// one client cut off, one client's traffic delayed by a fifth of the TTL
+// each way, one client's connections reset, replies held after the store
+// acted and then delivered late or dropped, a helper process stopped for
+// twice the TTL. Then the faults heal and the run is checked:
 //
 //   - the validity intervals of the holders of one key never overlap on this
 //     process's monotonic clock (an interval runs from Acquire's return to
@@ -51,6 +54,7 @@ type faultOptions struct {
 	runs       int
 	duration   time.Duration
 	contenders int
+	processes  int
 	keys       int
 	flaw       string // FaultFlaw
 }
@@ -66,12 +70,16 @@ func FaultDuration(d time.Duration) FaultOption { return func(o *faultOptions) {
 // FaultKeys sets how many keys the contenders share (default 2).
 func FaultKeys(n int) FaultOption { return func(o *faultOptions) { o.keys = n } }
 
+// FaultProcesses sets how many more contenders run in helper processes of
+// their own, when the harness implements ProcessContenders (default 2).
+func FaultProcesses(n int) FaultOption { return func(o *faultOptions) { o.processes = n } }
+
 // FaultContenders sets how many clients contend, each with a backend of its
 // own (default 4).
 func FaultContenders(n int) FaultOption { return func(o *faultOptions) { o.contenders = n } }
 
 func faultOptionsOf(opts []FaultOption) (faultOptions, error) {
-	o := faultOptions{runs: 5, duration: 10 * time.Second, contenders: 4, keys: 2}
+	o := faultOptions{runs: 5, duration: 10 * time.Second, contenders: 4, processes: 2, keys: 2}
 	for _, f := range opts {
 		if f != nil {
 			f(&o)
@@ -94,8 +102,8 @@ func faultOptionsOf(opts []FaultOption) (faultOptions, error) {
 	if err := checkFlaw(o.flaw); err != nil {
 		return o, err
 	}
-	if o.runs < 1 || o.duration <= 0 || o.contenders < 2 || o.keys < 1 {
-		return o, fmt.Errorf("fault runs: %d runs of %v with %d contenders on %d keys; want at least 1 run, a positive duration, 2 contenders and 1 key", o.runs, o.duration, o.contenders, o.keys)
+	if o.runs < 1 || o.duration <= 0 || o.contenders < 2 || o.keys < 1 || o.processes < 0 {
+		return o, fmt.Errorf("fault runs: %d runs of %v with %d contenders (%d more in helper processes) on %d keys; want at least 1 run, a positive duration, 2 contenders, no negative count of processes and 1 key", o.runs, o.duration, o.contenders, o.processes, o.keys)
 	}
 	return o, nil
 }
@@ -157,10 +165,11 @@ type faultResult struct {
 	sections   int
 	lost       int
 	errs       int
+	helpers    int // helper processes whose reports were merged
 }
 
 func (r *faultResult) summary() string {
-	return fmt.Sprintf("%d sections, %d leases lost, %d acquires or releases returned errors (releases of lost leases included), %d faults [%s], %d violations", r.sections, r.lost, r.errs, len(r.faults), strings.Join(r.faults, "; "), len(r.violations))
+	return fmt.Sprintf("%d helper processes, %d sections, %d leases lost, %d acquires or releases returned errors (releases of lost leases included), %d faults [%s], %d violations", r.helpers, r.sections, r.lost, r.errs, len(r.faults), strings.Join(r.faults, "; "), len(r.violations))
 }
 
 func (r *faultResult) save(t *testing.T, seed uint64) string {
@@ -220,89 +229,72 @@ func (s *suite) faultRun(t *testing.T, seed uint64, o faultOptions) *faultResult
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 
+	// Helper processes, when the store can be reached from them.
+	var helpers []*helper
+	if pc, ok := s.h.(ProcessContenders); ok && o.processes > 0 && o.flaw == "" {
+		url, err := pc.ContenderURL(ctx)
+		if err != nil {
+			t.Fatalf("harness ContenderURL: %v", err)
+		}
+		for k := range o.processes {
+			h, err := startHelper(contenderConfig{URL: url, Keys: keys, TTL: ttl, Client: o.contenders + k, Seed1: rng.Uint64(), Seed2: rng.Uint64()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer h.kill()
+			helpers = append(helpers, h)
+		}
+	}
+
 	var wg sync.WaitGroup
 	for i, c := range clients {
 		crng := rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64()))
-		wg.Go(func() {
-			for ctx.Err() == nil {
-				key := keys[crng.IntN(len(keys))]
-				// Sections of three kinds: renewed automatically
-				// and up to twice the TTL; not renewed and within
-				// the TTL; not renewed and overrunning it (the
-				// lease is lost, and released after).
-				var opts []lock.Option
-				var hold time.Duration
-				switch crng.IntN(4) {
-				case 0, 1:
-					hold = time.Duration(crng.Int64N(int64(2 * ttl)))
-				case 2:
-					opts = append(opts, lock.WithAutoRenew(false))
-					hold = time.Duration(crng.Int64N(int64(ttl * 9 / 10)))
-				case 3:
-					opts = append(opts, lock.WithAutoRenew(false))
-					hold = ttl + time.Duration(crng.Int64N(int64(ttl/2)))
+		ct := &contender{client: i, c: c, keys: keys, ttl: ttl, rec: rec, rng: crng,
+			write: func(key string, l *lock.Lease) {
+				err := guard.Do(key, l.Fence(), l.Token(), func() error { return nil })
+				if errors.Is(err, fence.ErrStale) && time.Now().Before(l.Deadline()) && l.Err() == nil {
+					violate("client %d: a fenced resource refused fence %d of a lease of %q that is still valid: a holder with a higher fence wrote while this lease was valid (two valid leases at once), or fences went backwards (%v)", i, l.Fence(), key, err)
 				}
-				// A third of the attempts do not wait: a key
-				// freed early is then taken at once.
-				wait := crng.IntN(3) > 0
-				actx, cancel := context.WithTimeout(ctx, 3*ttl)
-				l, err := rec.acquire(actx, i, c, key, wait, ttl, opts...)
-				cancel()
-				if !wait && errors.Is(err, lock.ErrLocked) {
-					sleepCtx(ctx, time.Duration(crng.Int64N(int64(ttl/10)))) // the caller's own pace
-					continue
+			},
+			failed: func() {
+				if ctx.Err() == nil {
+					mu.Lock()
+					res.errs++
+					mu.Unlock()
 				}
-				if err != nil {
-					if ctx.Err() == nil {
-						mu.Lock()
-						res.errs++
-						mu.Unlock()
-					}
-					continue
-				}
-				start := time.Now()
-				signal := make(chan time.Time, 1)
-				go func() { <-l.Done(); signal <- time.Now() }()
-				// The section: a guarded write, some work, another.
-				write := func() {
-					err := guard.Do(key, l.Fence(), l.Token(), func() error { return nil })
-					if errors.Is(err, fence.ErrStale) && time.Now().Before(l.Deadline()) && l.Err() == nil {
-						violate("client %d: a fenced resource refused fence %d of a lease of %q that is still valid: a holder with a higher fence wrote while this lease was valid (two valid leases at once), or fences went backwards (%v)", i, l.Fence(), key, err)
-					}
-				}
-				write()
-				sleepCtx(ctx, hold)
-				write()
-				end := time.Now()
-				if dl := l.Deadline(); dl.Before(end) {
-					end = dl
-				}
-				rctx, rcancel := context.WithTimeout(context.Background(), 3*ttl)
-				err = rec.release(rctx, i, l)
-				rcancel()
-				closed := <-signal
+			},
+			done: func(sec section) {
 				mu.Lock()
+				defer mu.Unlock()
 				res.sections++
-				if err != nil {
+				if sec.relErr != nil {
 					res.errs++
 				}
+				l := sec.l
 				if errors.Is(l.Err(), lock.ErrLost) {
 					res.lost++
-					if late := closed.Sub(l.Deadline()); late > s.slack && closed.Before(end) {
+					if late := sec.closed.Sub(l.Deadline()); late > s.slack && sec.closed.Before(sec.end) {
 						// Done closed after the deadline by more
 						// than the slack while the section was
 						// still running.
-						res.violations = append(res.violations, fmt.Sprintf("%s: client %d: the lost signal of %q fired %v after the deadline", at(), i, key, late.Round(time.Millisecond)))
+						res.violations = append(res.violations, fmt.Sprintf("%s: client %d: the lost signal of %q fired %v after the deadline", at(), i, sec.key, late.Round(time.Millisecond)))
 					}
 				}
-				intervals[key] = append(intervals[key], interval{client: i, fence: l.Fence(), start: start, end: end, startOffset: start.Sub(begin)})
-				mu.Unlock()
-			}
-		})
+				intervals[sec.key] = append(intervals[sec.key], interval{client: i, fence: l.Fence(), start: sec.start, end: sec.end, startOffset: sec.start.Sub(begin)})
+			},
+		}
+		wg.Go(func() { ct.run(ctx) })
 	}
 
 	// The fault schedule.
 	faults := s.faultMenu(backends, ttl)
+	if len(helpers) > 0 {
+		faults = append(faults, fault{name: "a helper process stopped (SIGSTOP)", durations: []time.Duration{2 * ttl}, start: func(target int) (func(), error) {
+			h := helpers[target%len(helpers)]
+			h.signal(syscall.SIGSTOP)
+			return func() { h.signal(syscall.SIGCONT) }, nil
+		}})
+	}
 	deadline := begin.Add(o.duration)
 	var heal []func()
 	for len(faults) > 0 {
@@ -337,6 +329,18 @@ func (s *suite) faultRun(t *testing.T, seed uint64, o faultOptions) *faultResult
 	}
 	stop()
 	wg.Wait()
+	for _, h := range helpers {
+		rep, err := h.finish(5*ttl + 10*time.Second)
+		if err != nil {
+			res.violations = append(res.violations, err.Error())
+			continue
+		}
+		rec.merge(h.client, rep, intervals)
+		res.sections += len(rep.Sections)
+		res.lost += rep.Lost
+		res.errs += rep.Errs
+		res.helpers++
+	}
 
 	for key, ivs := range intervals {
 		slices.SortFunc(ivs, func(a, b interval) int { return a.start.Compare(b.start) })
@@ -355,6 +359,85 @@ func (s *suite) faultRun(t *testing.T, seed uint64, o faultOptions) *faultResult
 		res.history = rec.lines()
 	}
 	return res
+}
+
+// contender takes and releases locks on keys until ctx ends, recording
+// every operation; in this process, or in a helper process of its own
+// (see MaybeContend).
+type contender struct {
+	client int
+	c      *lock.Client
+	keys   []string
+	ttl    time.Duration
+	rec    *recorder
+	rng    *rand.Rand
+	write  func(key string, l *lock.Lease) // a guarded write in the section, or nil
+	failed func()                          // an acquire that returned an error
+	done   func(section)                   // a section that ended
+}
+
+// section is one lease from its acquire to its release.
+type section struct {
+	key        string
+	l          *lock.Lease
+	start, end time.Time // the lease's validity: Acquire's return to the earlier of its deadline and Release's call
+	closed     time.Time // when Done closed
+	relErr     error
+}
+
+func (ct *contender) run(ctx context.Context) {
+	ttl, crng := ct.ttl, ct.rng
+	for ctx.Err() == nil {
+		key := ct.keys[crng.IntN(len(ct.keys))]
+		// Sections of three kinds: renewed automatically and up to
+		// twice the TTL; not renewed and within the TTL; not renewed
+		// and overrunning it (the lease is lost, and released after).
+		var opts []lock.Option
+		var hold time.Duration
+		switch crng.IntN(4) {
+		case 0, 1:
+			hold = time.Duration(crng.Int64N(int64(2 * ttl)))
+		case 2:
+			opts = append(opts, lock.WithAutoRenew(false))
+			hold = time.Duration(crng.Int64N(int64(ttl * 9 / 10)))
+		case 3:
+			opts = append(opts, lock.WithAutoRenew(false))
+			hold = ttl + time.Duration(crng.Int64N(int64(ttl/2)))
+		}
+		// A third of the attempts do not wait: a key freed early is
+		// then taken at once.
+		wait := crng.IntN(3) > 0
+		actx, cancel := context.WithTimeout(ctx, 3*ttl)
+		l, err := ct.rec.acquire(actx, ct.client, ct.c, key, wait, ttl, opts...)
+		cancel()
+		if !wait && errors.Is(err, lock.ErrLocked) {
+			sleepCtx(ctx, time.Duration(crng.Int64N(int64(ttl/10)))) // the caller's own pace
+			continue
+		}
+		if err != nil {
+			ct.failed()
+			continue
+		}
+		start := time.Now()
+		signal := make(chan time.Time, 1)
+		go func() { <-l.Done(); signal <- time.Now() }()
+		// The section: a guarded write, some work, another.
+		if ct.write != nil {
+			ct.write(key, l)
+		}
+		sleepCtx(ctx, hold)
+		if ct.write != nil {
+			ct.write(key, l)
+		}
+		end := time.Now()
+		if dl := l.Deadline(); dl.Before(end) {
+			end = dl
+		}
+		rctx, rcancel := context.WithTimeout(context.Background(), 3*ttl)
+		err = ct.rec.release(rctx, ct.client, l)
+		rcancel()
+		ct.done(section{key: key, l: l, start: start, end: end, closed: <-signal, relErr: err})
+	}
 }
 
 // sleepCtx sleeps for d or until ctx ends: a section's simulated work.

@@ -73,6 +73,11 @@ type modelInput struct {
 	owner string
 	ttl   int64 // ns
 	call  int64 // ns since the recorder started
+	// back, for a successful acquire: how long before call the store's
+	// promise to keep the lock at least ttl counts from (a lock the store
+	// handed to a waiter, whose validity counts from a request the waiter
+	// sent before this call: see backend.Queue); 0 for others.
+	back int64
 }
 
 type modelOutput struct {
@@ -106,7 +111,7 @@ func step(s modelState, in modelInput, out modelOutput) []modelState {
 	mayHaveExpired := s.holder != "" && out.ret >= s.expiry
 	switch in.kind {
 	case opAcquire:
-		took := modelState{holder: in.owner, lastFence: s.lastFence, expiry: in.call + in.ttl}
+		took := modelState{holder: in.owner, lastFence: s.lastFence, expiry: in.call - in.back + in.ttl}
 		switch out.res {
 		case resOK:
 			if out.fence <= s.lastFence || (s.holder != "" && !mayHaveExpired) {
@@ -228,12 +233,13 @@ func short(token string) string {
 
 // recorder collects a history of operations on package lock.
 type recorder struct {
-	start time.Time
-	mu    sync.Mutex
-	ops   []porcupine.Operation
+	start     time.Time
+	startMono int64 // CLOCK_MONOTONIC at start, for helper processes' times
+	mu        sync.Mutex
+	ops       []porcupine.Operation
 }
 
-func newRecorder() *recorder { return &recorder{start: time.Now()} }
+func newRecorder() *recorder { return &recorder{start: time.Now(), startMono: monoNow()} }
 
 func (r *recorder) now() int64 { return int64(time.Since(r.start)) }
 
@@ -281,6 +287,10 @@ func (r *recorder) acquire(ctx context.Context, client int, c *lock.Client, key 
 	var fence uint64
 	if l != nil {
 		in.owner, fence = l.Token(), l.Fence()
+		// The lease's deadline less its TTL is at most the moment its
+		// validity counts from (less the drift allowance): before the
+		// call for a lock handed to a waiter (see modelInput.back).
+		in.back = max(0, call-(int64(l.Deadline().Sub(r.start))-int64(l.TTL())))
 	} else {
 		in.owner = fmt.Sprintf("failed-%d-%d", client, call) // never a holder
 		if classify(err) == resUnknown && !isInputErr(err) {

@@ -2,8 +2,10 @@ package consul_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/consul/api"
 	"go.uber.org/goleak"
@@ -16,6 +18,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	conformance.MaybeContend() // a fault run's helper process
 	goleak.VerifyTestMain(m)
 }
 
@@ -89,6 +92,12 @@ func (h *harness) Capabilities() backend.Capabilities {
 	return b.Capabilities()
 }
 
+// ContenderURL implements conformance.ProcessContenders: helper processes
+// reach the agent directly, with the agents' minimum session TTL.
+func (h *harness) ContenderURL(context.Context) (string, error) {
+	return fmt.Sprintf("consul://%s?minttl=%v", h.agent.Addr, consultest.MinTTL), nil
+}
+
 func (h *harness) Pause(context.Context) error  { h.agent.Stop(); return nil }
 func (h *harness) Resume(context.Context) error { h.agent.Continue(); return nil }
 
@@ -108,4 +117,17 @@ func TestFaultRuns(t *testing.T) {
 	conformance.RunFaults(t, func(t *testing.T) conformance.Harness {
 		return &harness{t: t, agent: consultest.Start(t)}
 	})
+}
+
+// The negative control under faults: the same runs over a wrapper with a
+// known flaw must find it. Only repeat-fence here: expire-early cannot
+// shorten the suite's short TTL, which is the agents' minimum session TTL;
+// release-ignores-token is found in 8 or 9 of 10 runs of 20s on Consul
+// (with and without a lock-delay), short of the 95% the control requires:
+// with a 1s TTL a run has few enough lost leases whose release finds a
+// successor to hurt (Redis and etcd run it and catch it in 10 of 10).
+func TestFaultRunsCatchFlaws(t *testing.T) {
+	conformance.RunFlawControls(t, func(t *testing.T) conformance.Harness {
+		return &harness{t: t, agent: consultest.Start(t)}
+	}, 10, []string{"repeat-fence"}, conformance.FaultDuration(20*time.Second), conformance.FaultContenders(6), conformance.FaultKeys(1))
 }

@@ -2,7 +2,9 @@ package etcd_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/distlock/lock/backend"
 	"github.com/distlock/lock/conformance"
@@ -67,6 +69,12 @@ func (h *harness) Capabilities() backend.Capabilities {
 	return b.Capabilities()
 }
 
+// ContenderURL implements conformance.ProcessContenders: helper processes
+// reach the member directly.
+func (h *harness) ContenderURL(context.Context) (string, error) {
+	return fmt.Sprintf("etcd://%s?electiontimeout=%v", h.srv.Addr, electionTimeout), nil
+}
+
 func (h *harness) Pause(context.Context) error  { h.srv.Stop(); return nil }
 func (h *harness) Resume(context.Context) error { h.srv.Continue(); return nil }
 
@@ -91,4 +99,13 @@ func TestFaultRuns(t *testing.T) {
 	conformance.RunFaults(t, func(t *testing.T) conformance.Harness {
 		return &harness{t: t, srv: startEtcd(t)}
 	})
+}
+
+// The negative control under faults: the same runs over a wrapper with a
+// known flaw must find it (expire-early is left out: the suite's short TTL
+// is etcd's minimum, which a flawed request cannot shorten).
+func TestFaultRunsCatchFlaws(t *testing.T) {
+	conformance.RunFlawControls(t, func(t *testing.T) conformance.Harness {
+		return &harness{t: t, srv: startEtcd(t)}
+	}, 10, []string{"repeat-fence", "release-ignores-token"}, conformance.FaultDuration(20*time.Second), conformance.FaultContenders(6), conformance.FaultKeys(1))
 }

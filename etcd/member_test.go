@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 
+	"github.com/distlock/lock/conformance"
 	"github.com/distlock/lock/conformance/faultproxy"
 	"github.com/distlock/lock/conformance/serverproc"
 )
@@ -42,6 +43,7 @@ const (
 const electionTimeout = electionMs * time.Millisecond
 
 func TestMain(m *testing.M) {
+	conformance.MaybeContend() // a fault run's helper process
 	if os.Getenv(memberEnv) != "" {
 		os.Exit(runMember(os.Args[1:]))
 	}

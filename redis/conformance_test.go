@@ -2,6 +2,8 @@ package redis_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -17,6 +19,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	conformance.MaybeContend() // a fault run's helper process
 	goleak.VerifyTestMain(m)
 }
 
@@ -157,6 +160,12 @@ func (h *singleHarness) Capabilities() backend.Capabilities {
 	return redis.New(nil, redis.WithDurableFence(h.durable)).Capabilities()
 }
 
+// ContenderURL implements conformance.ProcessContenders: helper processes
+// reach the server directly.
+func (h *singleHarness) ContenderURL(context.Context) (string, error) {
+	return "redis://" + h.srv.Addr, nil
+}
+
 func (h *singleHarness) Pause(context.Context) error  { h.srv.Stop(); return nil }
 func (h *singleHarness) Resume(context.Context) error { h.srv.Continue(); return nil }
 
@@ -252,6 +261,12 @@ func (h *redlockHarness) Capabilities() backend.Capabilities {
 // suite uses.
 const redlockMaxTTL = 10 * time.Minute
 
+// ContenderURL implements conformance.ProcessContenders: helper processes
+// reach the nodes directly, with the harness's node timeout and maximum TTL.
+func (h *redlockHarness) ContenderURL(context.Context) (string, error) {
+	return fmt.Sprintf("redlock://%s?nodetimeout=%v&maxttl=%v", strings.Join(h.addrs(), ","), redlockNodeTimeout, redlockMaxTTL), nil
+}
+
 func (h *redlockHarness) Pause(context.Context) error {
 	for _, s := range h.srvs {
 		s.Stop()
@@ -305,5 +320,5 @@ func TestFaultRunsRedlock3(t *testing.T) {
 func TestFaultRunsCatchFlaws(t *testing.T) {
 	conformance.RunFlawControls(t, func(t *testing.T) conformance.Harness {
 		return &singleHarness{proxied: proxied{t: t}, srv: redistest.Start(t, redistest.AOFAlways), durable: true}
-	}, 10, conformance.FaultDuration(5*time.Second), conformance.FaultContenders(6))
+	}, 10, nil, conformance.FaultDuration(5*time.Second), conformance.FaultContenders(6))
 }
