@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -18,6 +19,7 @@ import (
 	"github.com/distlock/lock"
 	"github.com/distlock/lock/backend"
 	"github.com/distlock/lock/fence"
+	_ "modernc.org/sqlite" // the SQL fenced resource
 )
 
 // Randomized fault runs: contenders take and release locks on a few keys
@@ -33,9 +35,11 @@ import (
 //   - the validity intervals of the holders of one key never overlap on this
 //     process's monotonic clock (an interval runs from Acquire's return to
 //     the earlier of the lease's deadline and the call of Release);
-//   - a fenced resource (fence.Guard) never refuses the write of a lease
-//     that is still valid: that would mean that a holder with a higher
-//     fence wrote while the lease was valid, or that fences went backwards;
+//   - the fenced resources (fence.Guard in memory, and a fence.Table in a
+//     SQLite database, written through Apply in transactions) never refuse
+//     the write of a lease that is still valid: that would mean that a
+//     holder with a higher fence wrote while the lease was valid, or that
+//     fences went backwards;
 //   - every lost signal (Done closing with ErrLost) fires no later than the
 //     lease's deadline plus the suite's scheduling slack;
 //   - the porcupine check of the history against the lease-lock model.
@@ -225,6 +229,7 @@ func (s *suite) faultRun(t *testing.T, seed uint64, o faultOptions) *faultResult
 	}
 	rec := newRecorder()
 	var guard fence.Guard
+	sqlRes := newSQLResource(t)
 	intervals := map[string][]interval{}
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
@@ -254,6 +259,15 @@ func (s *suite) faultRun(t *testing.T, seed uint64, o faultOptions) *faultResult
 				err := guard.Do(key, l.Fence(), l.Token(), func() error { return nil })
 				if errors.Is(err, fence.ErrStale) && time.Now().Before(l.Deadline()) && l.Err() == nil {
 					violate("client %d: a fenced resource refused fence %d of a lease of %q that is still valid: a holder with a higher fence wrote while this lease was valid (two valid leases at once), or fences went backwards (%v)", i, l.Fence(), key, err)
+				}
+				err = sqlRes.write(key, l.Fence(), l.Token())
+				switch {
+				case errors.Is(err, fence.ErrStale):
+					if time.Now().Before(l.Deadline()) && l.Err() == nil {
+						violate("client %d: the SQL fenced resource refused fence %d of a lease of %q that is still valid (%v)", i, l.Fence(), key, err)
+					}
+				case err != nil:
+					violate("client %d: the SQL fenced resource failed: %v", i, err)
 				}
 			},
 			failed: func() {
@@ -438,6 +452,48 @@ func (ct *contender) run(ctx context.Context) {
 		rcancel()
 		ct.done(section{key: key, l: l, start: start, end: end, closed: <-signal, relErr: err})
 	}
+}
+
+// sqlResource is the SQL fenced resource of a fault run: a SQLite database
+// (pure Go, in the test's temporary directory) whose writes go through
+// fence.Table.Apply in their own transactions, beside the in-memory
+// fence.Guard: the same rule, kept by a database.
+type sqlResource struct {
+	db    *sql.DB
+	table *fence.Table
+}
+
+func newSQLResource(t *testing.T) *sqlResource {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "fenced.db")+"?_txlock=immediate&_busy_timeout=20000&_journal_mode=WAL")
+	if err != nil {
+		t.Fatalf("fault runs: SQLite: %v", err)
+	}
+	t.Cleanup(func() { db.Close() })
+	table, err := fence.NewTable(fence.SQLite, "fences")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := table.Create(context.Background(), db); err != nil {
+		t.Fatalf("fault runs: SQLite fence table: %v", err)
+	}
+	return &sqlResource{db: db, table: table}
+}
+
+// write applies a write with fence f for holder to resource, in a
+// transaction of its own, and returns fence.ErrStale when the table
+// refused it.
+func (r *sqlResource) write(resource string, f uint64, holder string) error {
+	ctx := context.Background()
+	tx, err := r.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := r.table.Apply(ctx, tx, resource, f, holder); err != nil {
+		tx.Rollback()
+		return err
+	}
+	return tx.Commit()
 }
 
 // sleepCtx sleeps for d or until ctx ends: a section's simulated work.
