@@ -197,23 +197,32 @@ func RunFlawControls(t *testing.T, newHarness func(t *testing.T) Harness, runs i
 			if h == nil {
 				t.Fatal("conformance: newHarness returned nil")
 			}
-			caught := 0
-			for i := range runs {
-				seed := uint64(1000 + i)
-				v := FaultRun(t, h, seed, append(opts, FaultFlaw(name))...)
-				if len(v) > 0 {
-					if caught == 0 {
-						t.Logf("seed %d, first of %d violations: %s", seed, len(v), v[0])
-					}
-					caught++
-				} else {
-					t.Logf("seed %d: the flaw went unseen", seed)
-				}
-			}
-			t.Logf("%s caught in %d of %d runs", name, caught, runs)
-			if caught*100 < 95*runs {
-				t.Errorf("%s caught in %d of %d fault runs; want at least 95%%", name, caught, runs)
-			}
+			RequireCaught(t, name, runs, func(seed uint64) []string {
+				return FaultRun(t, h, seed, append(opts, FaultFlaw(name))...)
+			})
 		})
+	}
+}
+
+// RequireCaught makes runs seeded runs (seeds 1000, 1001, ...) of a
+// negative control named name, each returning its violations, and fails t
+// unless at least 95% of them found one.
+func RequireCaught(t *testing.T, name string, runs int, run func(seed uint64) []string) {
+	t.Helper()
+	caught := 0
+	for i := range runs {
+		seed := uint64(1000 + i)
+		if v := run(seed); len(v) > 0 {
+			if caught == 0 {
+				t.Logf("seed %d, first of %d violations: %s", seed, len(v), v[0])
+			}
+			caught++
+		} else {
+			t.Logf("seed %d: the flaw went unseen", seed)
+		}
+	}
+	t.Logf("%s caught in %d of %d runs", name, caught, runs)
+	if caught*100 < 95*runs {
+		t.Errorf("%s caught in %d of %d fault runs; want at least 95%%", name, caught, runs)
 	}
 }

@@ -261,25 +261,11 @@ func TestFaultRunsCatchFlaws(t *testing.T) {
 	for _, name := range []string{"expire-early", "repeat-fence", "release-ignores-token"} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel() // mostly sleeping: sections and faults
-			caught := 0
-			for i := range runs {
+			conformance.RequireCaught(t, name, runs, func(seed uint64) []string {
 				store := NewStore()
 				flawSwitches[name](&store.flaws)
-				seed := uint64(1000 + i)
-				v := conformance.FaultRun(t, harness{store}, seed, conformance.FaultDuration(5*time.Second), conformance.FaultContenders(6))
-				if len(v) > 0 {
-					if caught == 0 {
-						t.Logf("seed %d, first of %d violations: %s", seed, len(v), v[0])
-					}
-					caught++
-				} else {
-					t.Logf("seed %d: the flaw went unseen", seed)
-				}
-			}
-			t.Logf("%s caught in %d of %d runs", name, caught, runs)
-			if caught*100 < 95*runs {
-				t.Errorf("%s caught in %d of %d fault runs; want at least 95%%", name, caught, runs)
-			}
+				return conformance.FaultRun(t, harness{store}, seed, conformance.FaultDuration(5*time.Second), conformance.FaultContenders(6))
+			})
 		})
 	}
 }
