@@ -164,7 +164,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -492,6 +491,7 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 	}
 	lk, tk := b.lockKeyOf(key), b.tombKeyOf(key, token)
 	var resp *clientv3.TxnResponse
+	var prev *mvccpb.KeyValue // what the key held when this token let it go
 	// A lock this backend acquired, with a known outcome, is most likely
 	// still held: first a transaction without the Else branch that kills a
 	// token which does not hold the lock (etcd handles a transaction with a
@@ -535,15 +535,15 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 			txn = b.cli.Txn(ctx).If(own...).Then(release...).Else(notHeld...)
 		}
 		resp, err = txn.Commit()
-		if err == nil && handover {
-			if resp.Succeeded {
-				// Handed over: as a release below, with the put's
-				// previous value for the delete's.
-				prev := resp.Responses[0].GetResponsePut().PrevKv
-				resp.Responses[0] = &pb.ResponseOp{Response: &pb.ResponseOp_ResponseDeleteRange{
-					ResponseDeleteRange: &pb.DeleteRangeResponse{PrevKvs: []*mvccpb.KeyValue{prev}}}}
-			} else {
-				resp = (*clientv3.TxnResponse)(resp.Responses[0].GetResponseTxn())
+		switch {
+		case err == nil && handover && resp.Succeeded:
+			prev = resp.Responses[0].GetResponsePut().PrevKv
+		case err == nil && handover:
+			resp = (*clientv3.TxnResponse)(resp.Responses[0].GetResponseTxn())
+		}
+		if err == nil && resp.Succeeded && prev == nil {
+			if kvs := resp.Responses[0].GetResponseDeleteRange().PrevKvs; len(kvs) == 1 {
+				prev = kvs[0]
 			}
 		}
 		if err == nil && fast && !resp.Succeeded {
@@ -568,12 +568,11 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 		// The lease holds nothing now: reuse it, or revoke it when
 		// this backend did not acquire the lock or a renewal of it is
 		// in flight.
-		prev := resp.Responses[0].GetResponseDeleteRange().PrevKvs
 		switch {
-		case h != nil && reusable && len(prev) == 1 && prev[0].Lease == int64(h.id):
+		case h != nil && reusable && prev != nil && prev.Lease == int64(h.id):
 			b.leases.idle(h.id, h.secs, h.refreshed)
-		case len(prev) == 1 && prev[0].Lease != 0:
-			b.revoke(ctx, clientv3.LeaseID(prev[0].Lease))
+		case prev != nil && prev.Lease != 0:
+			b.revoke(ctx, clientv3.LeaseID(prev.Lease))
 		}
 		return nil
 	}
