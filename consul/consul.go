@@ -94,6 +94,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -161,6 +162,7 @@ type Backend struct {
 	dead   map[string]tomb      // released tokens
 	deadQ  []string             // dead tokens in order of death
 	delays map[string]time.Time // key -> when a lock-delay on it ends, as last seen
+	hot    map[string]time.Time // key -> when this backend last found it held or queued
 	pool   sessionPool
 
 	closed atomic.Bool
@@ -174,7 +176,10 @@ type owned struct {
 	key     string // the entry's name
 	session string
 	ttl     time.Duration
-	fence   uint64 // 0 until granted
+	fence   uint64    // 0 until granted
+	renewed time.Time // send time of the session's latest confirmed creation or renewal
+	rec     string    // a lock handed over: the waiter's queue record, deleted by the release
+	next    []waiter  // a lock handed over: the waiters known to queue after it
 }
 
 // tomb says how a token ended.
@@ -208,6 +213,7 @@ func New(cli *api.Client, opts ...Option) (*Backend, error) {
 		owned:  map[string]*owned{},
 		dead:   map[string]tomb{},
 		delays: map[string]time.Time{},
+		hot:    map[string]time.Time{},
 		ctx:    ctx,
 		cancel: cancel,
 	}, nil
@@ -272,7 +278,7 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Durat
 // session expired, and changed nothing.
 func (b *Backend) attempt(ctx context.Context, key, token string, ttl time.Duration) (g backend.Grant, retry bool, err error) {
 	name := b.entry(key)
-	sess, reused, err := b.session(ctx, key, ttl)
+	sess, renewed, reused, err := b.session(ctx, key, ttl)
 	if err != nil {
 		return backend.Grant{}, false, err
 	}
@@ -289,25 +295,7 @@ func (b *Backend) attempt(ctx context.Context, key, token string, ttl time.Durat
 	if reused {
 		// The session was renewed before this call: renew it again, in
 		// the same round trip, so that it lives ttl from now at least.
-		wg.Go(func() {
-			// A renewal that fails in transit is sent again: any renewal
-			// sent after this call began will do.
-			for range 3 {
-				ok, err := b.renewSession(ctx, sess)
-				switch {
-				case err == nil && ok:
-					renewErr = nil
-					return
-				case err == nil:
-					renewErr = errSessionGone
-					return
-				}
-				renewErr = err
-				if ctx.Err() != nil {
-					return
-				}
-			}
-		})
+		wg.Go(func() { renewed, renewErr = b.renewAfter(ctx, sess) })
 	}
 	ok, resp, _, err := b.cli.Txn().Txn(ops, (&api.QueryOptions{}).WithContext(ctx))
 	wg.Wait()
@@ -329,7 +317,7 @@ func (b *Backend) attempt(ctx context.Context, key, token string, ttl time.Durat
 		fence := resp.Results[1].KV.ModifyIndex
 		b.mu.Lock()
 		if o := b.owned[token]; o != nil {
-			o.fence = fence
+			o.fence, o.renewed = fence, renewed
 		}
 		b.mu.Unlock()
 		return backend.Grant{Fence: fence, TTL: ttl}, false, nil
@@ -348,7 +336,7 @@ func (b *Backend) attempt(ctx context.Context, key, token string, ttl time.Durat
 	case !alive:
 		b.destroy(sess)
 	case strings.Contains(why, "lock delay"), strings.Contains(why, "already held"):
-		b.keep(sess, ttl)
+		b.keep(sess, ttl, renewed)
 	default:
 		b.destroy(sess)
 	}
@@ -356,9 +344,34 @@ func (b *Backend) attempt(ctx context.Context, key, token string, ttl time.Durat
 	case strings.Contains(why, "lock delay"):
 		return backend.Grant{}, false, backend.Locked(b.lockDelayLeft(name))
 	case strings.Contains(why, "already held"):
+		b.sawHeld(name)
 		return backend.Grant{}, false, backend.Locked(0)
 	}
 	return backend.Grant{}, false, fmt.Errorf("consul: acquire %q: %s", key, why)
+}
+
+// renewAfter renews sess for a caller that needs a renewal sent after its
+// own send time: one that fails in transit is sent again (any renewal sent
+// after the caller began will do), up to 3 times. It returns the send time
+// of the renewal that succeeded, or errSessionGone when Consul no longer
+// knows the session.
+func (b *Backend) renewAfter(ctx context.Context, sess string) (time.Time, error) {
+	var err error
+	for range 3 {
+		sent := time.Now()
+		var ok bool
+		ok, err = b.renewSession(ctx, sess)
+		switch {
+		case err == nil && ok:
+			return sent, nil
+		case err == nil:
+			return time.Time{}, errSessionGone
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return time.Time{}, err
 }
 
 var errSessionGone = errors.New("consul: the session is gone (expired or destroyed)")
@@ -408,6 +421,7 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 	var alive bool
 	var renewErr error
 	var wg sync.WaitGroup
+	sent := time.Now()
 	wg.Go(func() { alive, renewErr = b.renewSession(ctx, o.session) })
 	ok, resp, _, err := b.cli.Txn().Txn(api.TxnOps{
 		{KV: &api.KVTxnOp{Verb: api.KVCheckSession, Key: o.key, Session: o.session}},
@@ -425,6 +439,11 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 	case renewErr != nil:
 		return backend.Grant{}, fmt.Errorf("consul: renew %q: %w", key, renewErr)
 	}
+	b.mu.Lock()
+	if sent.After(o.renewed) {
+		o.renewed = sent
+	}
+	b.mu.Unlock()
 	return backend.Grant{Fence: o.fence, TTL: o.ttl}, nil
 }
 
@@ -459,10 +478,41 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 	if o.key != b.entry(key) {
 		return fmt.Errorf("%w: consul: %q is not held by this token", backend.ErrNotHeld, key)
 	}
-	ok, resp, _, err := b.cli.Txn().Txn(api.TxnOps{
+	b.mu.Lock()
+	rec, next, renewed := o.rec, o.next, o.renewed
+	b.mu.Unlock()
+	if len(next) > 0 {
+		// Hand the lock to the first waiter this backend knows of (see
+		// queue.go); when that waiter's record changed, release as
+		// usual.
+		ops := handoverOps(o.key, next)
+		ops = slices.Insert(ops, 0, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVUnlock, Key: o.key, Session: o.session}})
+		if rec != "" {
+			ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: rec}})
+		}
+		ok, _, _, err := b.cli.Txn().Txn(ops, (&api.QueryOptions{}).WithContext(ctx))
+		switch {
+		case err != nil:
+			// Unknown outcome: destroying the session frees the entry
+			// if neither the handover nor a release landed.
+			b.kill(token, false)
+			b.destroy(o.session)
+			return fmt.Errorf("consul: release %q: %w", key, err)
+		case ok:
+			b.kill(token, true)
+			b.keep(o.session, o.ttl, renewed)
+			return nil
+		}
+	}
+	ops := api.TxnOps{
 		{KV: &api.KVTxnOp{Verb: api.KVCheckSession, Key: o.key, Session: o.session}},
 		{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: o.key}},
-	}, (&api.QueryOptions{}).WithContext(ctx))
+	}
+	if rec != "" {
+		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: rec}})
+	}
+	ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVGetTree, Key: o.key + queueSep}})
+	ok, resp, _, err := b.cli.Txn().Txn(ops, (&api.QueryOptions{}).WithContext(ctx))
 	switch {
 	case err != nil:
 		// Unknown outcome; the session is destroyed in the background,
@@ -478,26 +528,32 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 		return fmt.Errorf("%w: consul: %q: %s", backend.ErrNotHeld, key, txnErrors(resp))
 	}
 	b.kill(token, true)
-	b.keep(o.session, o.ttl)
+	b.keep(o.session, o.ttl, renewed)
+	if ws := waiters(o.key, resp); len(ws) > 0 {
+		b.handOverLater(o.key, ws)
+	}
 	return nil
 }
 
 // keep pools a session that holds no lock, or destroys it when the pool is
-// full or the backend closed.
-func (b *Backend) keep(id string, ttl time.Duration) {
-	if b.closed.Load() || !b.pool.put(id, ttl) {
+// full or the backend closed. renewed is the send time of its latest
+// confirmed creation or renewal.
+func (b *Backend) keep(id string, ttl time.Duration, renewed time.Time) {
+	if b.closed.Load() || !b.pool.put(pooled{id: id, renewed: renewed}, ttl) {
 		b.destroy(id)
 	}
 }
 
 // session returns a session of ttl that holds no lock: an idle one
-// (reused: renew it with the lock) or a new one.
-func (b *Backend) session(ctx context.Context, key string, ttl time.Duration) (id string, reused bool, err error) {
-	if id, ok := b.pool.get(ttl); ok {
-		return id, true, nil
+// (reused: renew it with the lock) or a new one, and the send time of its
+// latest confirmed creation or renewal.
+func (b *Backend) session(ctx context.Context, key string, ttl time.Duration) (id string, renewed time.Time, reused bool, err error) {
+	if e, ok := b.pool.get(ttl); ok {
+		return e.id, e.renewed, true, nil
 	}
+	sent := time.Now()
 	id, err = b.createSession(ctx, key, ttl)
-	return id, false, err
+	return id, sent, false, err
 }
 
 // createSession creates a session of ttl with the backend's lock-delay and

@@ -114,12 +114,37 @@ type seesRefusal struct {
 
 func (s *seesRefusal) Acquire(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
 	g, err := s.owns.Acquire(ctx, key, token, ttl)
+	s.saw(err)
+	return g, err
+}
+
+func (s *seesRefusal) saw(err error) {
 	if errors.Is(err, backend.ErrLocked) {
 		select {
 		case s.refused <- struct{}{}: // the test waits for two
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
+}
+
+// Queue gives the waiting acquires (package lock sends them through a
+// place in the queue) the same signal.
+func (s *seesRefusal) Queue(key string) (backend.Queue, error) {
+	q, err := s.owns.Queue(key)
+	if err != nil {
+		return nil, err
+	}
+	return refusalQueue{q, s}, nil
+}
+
+type refusalQueue struct {
+	backend.Queue
+	s *seesRefusal
+}
+
+func (q refusalQueue) Acquire(ctx context.Context, token string, ttl time.Duration) (backend.Grant, error) {
+	g, err := q.Queue.Acquire(ctx, token, ttl)
+	q.s.saw(err)
 	return g, err
 }
 

@@ -28,36 +28,43 @@ import (
 // this against a real agent.
 type sessionPool struct {
 	mu   sync.Mutex
-	idle map[time.Duration][]string
+	idle map[time.Duration][]pooled
+}
+
+// pooled is an idle session and the send time of its latest confirmed
+// creation or renewal: the store keeps it at least its TTL from then.
+type pooled struct {
+	id      string
+	renewed time.Time
 }
 
 // maxIdle bounds the idle sessions kept per TTL.
 const maxIdle = 64
 
 // get returns an idle session of ttl, if any.
-func (p *sessionPool) get(ttl time.Duration) (string, bool) {
+func (p *sessionPool) get(ttl time.Duration) (pooled, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s := p.idle[ttl]
 	if len(s) == 0 {
-		return "", false
+		return pooled{}, false
 	}
-	id := s[len(s)-1]
+	e := s[len(s)-1]
 	p.idle[ttl] = s[:len(s)-1]
-	return id, true
+	return e, true
 }
 
-// put keeps id for reuse; false when the pool is full (destroy it).
-func (p *sessionPool) put(id string, ttl time.Duration) bool {
+// put keeps e for reuse; false when the pool is full (destroy it).
+func (p *sessionPool) put(e pooled, ttl time.Duration) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.idle == nil {
-		p.idle = map[time.Duration][]string{}
+		p.idle = map[time.Duration][]pooled{}
 	}
 	if len(p.idle[ttl]) >= maxIdle {
 		return false
 	}
-	p.idle[ttl] = append(p.idle[ttl], id)
+	p.idle[ttl] = append(p.idle[ttl], e)
 	return true
 }
 
@@ -67,7 +74,9 @@ func (p *sessionPool) drain() []string {
 	defer p.mu.Unlock()
 	var out []string
 	for _, s := range p.idle {
-		out = append(out, s...)
+		for _, e := range s {
+			out = append(out, e.id)
+		}
 	}
 	p.idle = nil
 	return out
