@@ -91,6 +91,10 @@ const maxView = 16
 // first instead of trying the lock first.
 const hotFor = time.Second
 
+// handoverGrace is how long a waiter that saw the lock entry freed waits
+// for a handover before it tries the lock itself.
+const handoverGrace = 200 * time.Millisecond
+
 // handoverTimeout bounds a handover sent after a release.
 const handoverTimeout = 10 * time.Second
 
@@ -209,10 +213,15 @@ func (b *Backend) Queue(key string) (backend.Queue, error) {
 	if b.closed.Load() {
 		return nil, backend.ErrClosed
 	}
+	name := b.entry(key)
+	return &place{b: b, key: key, name: name, rec: b.recordName(name), ch: make(chan struct{}, 1)}, nil
+}
+
+// recordName returns a new name for a queue record of entry name.
+func (b *Backend) recordName(name string) string {
 	var id [8]byte
 	crand.Read(id[:])
-	name := b.entry(key)
-	return &place{b: b, key: key, name: name, rec: name + queueSep + hex.EncodeToString(id[:]), ch: make(chan struct{}, 1)}, nil
+	return name + queueSep + hex.EncodeToString(id[:])
 }
 
 // place is one waiter's place in a key's queue.
@@ -389,7 +398,7 @@ func (p *place) try(ctx context.Context, token string, ttl time.Duration) (g bac
 func (p *place) lock(ctx context.Context, token, sess string, fresh bool) (g backend.Grant, refusal string, retry bool, err error) {
 	b := p.b
 	p.mu.Lock()
-	ttl, hasRec := p.ttl, p.queued || p.handed != nil
+	ttl, hasRec, rec := p.ttl, p.queued || p.handed != nil, p.rec
 	p.mu.Unlock()
 	b.mu.Lock()
 	b.owned[token] = &owned{key: p.name, session: sess, ttl: ttl}
@@ -399,7 +408,7 @@ func (p *place) lock(ctx context.Context, token, sess string, fresh bool) (g bac
 		{KV: &api.KVTxnOp{Verb: api.KVGet, Key: p.name}},
 	}
 	if hasRec {
-		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: p.rec}})
+		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: rec}})
 	}
 	var renewed time.Time
 	var renewErr error
@@ -471,10 +480,10 @@ func (p *place) lock(ctx context.Context, token, sess string, fresh bool) (g bac
 func (p *place) enqueue(ctx context.Context, token, sess string, renewed time.Time) (free, retry bool, err error) {
 	b := p.b
 	p.mu.Lock()
-	ttl := p.ttl
+	ttl, rec := p.ttl, p.rec
 	p.mu.Unlock()
 	ops := api.TxnOps{
-		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: p.rec, Value: []byte(recQueued + token), Session: sess}},
+		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: rec, Value: []byte(recQueued + token), Session: sess}},
 		{KV: &api.KVTxnOp{Verb: api.KVGetTree, Key: p.name}},
 	}
 	var rsent time.Time
@@ -498,8 +507,18 @@ func (p *place) enqueue(ctx context.Context, token, sess string, renewed time.Ti
 		return false, false, fmt.Errorf("consul: acquire %q: queueing: %w", p.key, err)
 	case !ok:
 		why := txnErrors(resp)
-		if strings.Contains(why, "invalid session") {
+		switch {
+		case strings.Contains(why, "invalid session"):
 			p.sessionGone(sess)
+			return false, true, nil
+		case strings.Contains(why, "lock delay"):
+			// The record's name is under the lock-delay of a session
+			// that held it: take another.
+			p.mu.Lock()
+			if p.rec == rec {
+				p.rec = b.recordName(p.name)
+			}
+			p.mu.Unlock()
 			return false, true, nil
 		}
 		return false, false, fmt.Errorf("consul: acquire %q: queueing: %s", p.key, why)
@@ -509,14 +528,14 @@ func (p *place) enqueue(ctx context.Context, token, sess string, renewed time.Ti
 	for _, r := range resp.Results {
 		switch {
 		case r.KV == nil:
-		case r.KV.Key == p.rec:
+		case r.KV.Key == rec:
 			index = r.KV.ModifyIndex
 		case r.KV.Key == p.name && r.KV.Session != "":
 			free, entryIndex = false, r.KV.ModifyIndex
 		}
 	}
 	ws := waiters(p.name, resp)
-	first := len(ws) > 0 && ws[0].Key == p.rec
+	first := len(ws) > 0 && ws[0].Key == rec
 	p.mu.Lock()
 	p.queued = true
 	start := !p.watching && !p.closed
@@ -530,7 +549,7 @@ func (p *place) enqueue(ctx context.Context, token, sess string, renewed time.Ti
 	p.scheduleRenewLocked()
 	p.mu.Unlock()
 	if start {
-		b.bg.Go(func() { p.watch(sess, index) })
+		b.bg.Go(func() { p.watch(sess, rec, index) })
 	}
 	if head {
 		b.bg.Go(func() { p.watchEntry(sess, entryIndex) })
@@ -582,8 +601,18 @@ func (p *place) watchEntry(sess string, index uint64) {
 		case done || (kv != nil && kv.Session == sess):
 			return
 		case kv == nil || kv.Session == "":
+			// Freed. A release by this library hands the lock over
+			// right after (to this waiter, most likely): wake the
+			// waiter only if no handover came meanwhile.
 			b.sawFree(p.name)
-			p.wake()
+			time.AfterFunc(handoverGrace, func() {
+				p.mu.Lock()
+				handed := p.handed != nil
+				p.mu.Unlock()
+				if !handed {
+					p.wake()
+				}
+			})
 		}
 	}
 }
@@ -591,7 +620,7 @@ func (p *place) watchEntry(sess string, index uint64) {
 // watch follows the place's record with blocking queries from index: it
 // reports a handover, and wakes the waiter when the record goes or a
 // releaser asks it to try.
-func (p *place) watch(sess string, index uint64) {
+func (p *place) watch(sess, rec string, index uint64) {
 	b := p.b
 	defer func() {
 		p.mu.Lock()
@@ -599,7 +628,7 @@ func (p *place) watch(sess string, index uint64) {
 		p.mu.Unlock()
 	}()
 	for {
-		kv, meta, err := b.cli.KV().Get(p.rec, (&api.QueryOptions{WaitIndex: index, WaitTime: waitTime}).WithContext(b.ctx))
+		kv, meta, err := b.cli.KV().Get(rec, (&api.QueryOptions{WaitIndex: index, WaitTime: waitTime}).WithContext(b.ctx))
 		if b.ctx.Err() != nil {
 			return
 		}
@@ -614,15 +643,18 @@ func (p *place) watch(sess string, index uint64) {
 		}
 		index = meta.LastIndex
 		p.mu.Lock()
-		if p.closed || p.sess != sess {
+		if p.closed || p.sess != sess || p.rec != rec {
 			p.mu.Unlock()
 			return
 		}
 		switch {
 		case kv == nil || kv.Session != sess:
-			// The record went: the session expired or was destroyed,
-			// or the place's own lock deleted it.
-			p.queued = false
+			// The record went (the place's own lock deleting it ended
+			// the watch above): the session expired or was destroyed.
+			// Queue again with a new session, under a new name (the
+			// old one is under the session's lock-delay).
+			p.sess, p.queued = "", false
+			p.rec = b.recordName(p.name)
 			p.mu.Unlock()
 			p.wake()
 			return
@@ -635,7 +667,7 @@ func (p *place) watch(sess string, index uint64) {
 			h := &backend.Handover{Token: v.Token, Grant: backend.Grant{Fence: kv.ModifyIndex, TTL: p.ttl}, Since: p.renewed}
 			p.handed = h
 			b.mu.Lock()
-			b.owned[v.Token] = &owned{key: p.name, session: sess, ttl: p.ttl, fence: kv.ModifyIndex, renewed: p.renewed, rec: p.rec, next: v.Next}
+			b.owned[v.Token] = &owned{key: p.name, session: sess, ttl: p.ttl, fence: kv.ModifyIndex, renewed: p.renewed, rec: rec, next: v.Next}
 			b.mu.Unlock()
 			p.mu.Unlock()
 			p.wake()
@@ -704,6 +736,9 @@ func (p *place) sessionGone(sess string) {
 	defer p.mu.Unlock()
 	if p.sess == sess {
 		p.sess, p.queued, p.handed = "", false, nil
+		// The old record's name is under the lock-delay of the session
+		// that held it: queue again under a new one.
+		p.rec = p.b.recordName(p.name)
 	}
 }
 
@@ -713,6 +748,7 @@ func (p *place) forget() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.sess, p.queued, p.handed = "", false, nil
+	p.rec = p.b.recordName(p.name)
 	if p.renew != nil {
 		p.renew.Stop()
 	}

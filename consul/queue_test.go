@@ -1,0 +1,344 @@
+package consul_test
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/distlock/lock"
+	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/conformance/faultproxy"
+	"github.com/distlock/lock/consul"
+	"github.com/distlock/lock/internal/consultest"
+)
+
+const queueTTL = 10 * time.Second
+
+func newToken() string {
+	var b [16]byte
+	crand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// waiter is a place in a key's queue that found the key held.
+type waiter struct {
+	q   backend.Queue
+	tok string
+	// The place's first Acquire began, and its latest ended: its session
+	// was created or renewed in between, and not since (the tests are
+	// shorter than a third of queueTTL).
+	began, ended time.Time
+}
+
+// queueUp makes a waiter of b for key: an acquire through a new place that
+// finds the key held, and so queues.
+func queueUp(ctx context.Context, t *testing.T, b backend.Queuer, key string) *waiter {
+	t.Helper()
+	q, err := b.Queue(key)
+	if err != nil {
+		t.Fatalf("Queue: %v", err)
+	}
+	t.Cleanup(func() { q.Close(false) })
+	w := &waiter{q: q}
+	w.try(ctx, t, key)
+	return w
+}
+
+// try acquires through the place, which must find the key held.
+func (w *waiter) try(ctx context.Context, t *testing.T, key string) {
+	t.Helper()
+	tok := newToken()
+	began := time.Now()
+	if _, err := w.q.Acquire(ctx, tok, queueTTL); !errors.Is(err, backend.ErrLocked) {
+		t.Fatalf("Acquire of %q through a place, the key held: %v; want ErrLocked", key, err)
+	}
+	if w.began.IsZero() {
+		w.began = began
+	}
+	w.tok, w.ended = tok, time.Now()
+}
+
+// woken waits for w's wake-up.
+func (w *waiter) woken(t *testing.T, who string) {
+	t.Helper()
+	select {
+	case <-w.q.C():
+	case <-time.After(5 * time.Second):
+		t.Fatalf("%s was not woken within 5s", who)
+	}
+}
+
+// notWoken fails t if w has a wake-up.
+func (w *waiter) notWoken(t *testing.T, who string) {
+	t.Helper()
+	select {
+	case <-w.q.C():
+		t.Errorf("%s was woken, though not at the head of the queue", who)
+	default:
+	}
+}
+
+// handed waits for the handover to w and returns it; w's place closes
+// with the lock taken.
+func (w *waiter) handed(t *testing.T, who string) backend.Handover {
+	t.Helper()
+	w.woken(t, who)
+	h, ok := w.q.Handed()
+	if !ok {
+		t.Fatalf("%s was woken, but nothing was handed to it", who)
+	}
+	if h.Token != w.tok || h.Fence == 0 || h.Since.IsZero() || h.TTL != queueTTL {
+		t.Fatalf("%s was handed %+v; want its token %s, a fence, a send time and the TTL %v", who, h, w.tok, queueTTL)
+	}
+	// The validity counts from the waiter's own request (the creation or
+	// renewal of its session when it queued), not from the handover.
+	if h.Since.Before(w.began) || h.Since.After(w.ended) {
+		t.Fatalf("%s's handed lock counts from %v after it began to queue; want a request of its queueing, between 0 and %v",
+			who, h.Since.Sub(w.began), w.ended.Sub(w.began))
+	}
+	w.q.Close(true)
+	return h
+}
+
+// entries lists the entries under the default prefix, from outside.
+func entries(t *testing.T, cli *api.Client) api.KVPairs {
+	t.Helper()
+	kvs, _, err := cli.KV().List(consul.DefaultPrefix, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kvs
+}
+
+// holderIs checks that the entry of key is locked with token, at fence.
+func holderIs(ctx context.Context, t *testing.T, b *owns, key, token string, fence uint64) {
+	t.Helper()
+	h, err := b.Inspect(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !h.Held || h.Token != token || h.Fence != fence {
+		t.Fatalf("holder of %q: %+v; want %s at fence %d", key, h, token, fence)
+	}
+}
+
+// A release hands the lock to the head of the queue, in queue order, and
+// wakes only the head; fences grow. The first release (the holder knows of
+// no waiter) deletes the entry, reads the queue and hands over in a second
+// transaction; the next ones hand over in the release's own transaction,
+// from the waiters the handover told the new holder of.
+func TestQueueHandsOverInOrder(t *testing.T) {
+	agent := consultest.Start(t)
+	ctx := context.Background()
+	holder, _ := newBackend(t, agent.Addr)
+	tok := newToken()
+	g, err := holder.Acquire(ctx, "k", tok, queueTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bs []*owns
+	var ws []*waiter
+	for range 3 {
+		b, _ := newBackend(t, agent.Addr)
+		bs = append(bs, b)
+		ws = append(ws, queueUp(ctx, t, b, "k"))
+	}
+	if err := holder.Release(ctx, "k", tok); err != nil {
+		t.Fatal(err)
+	}
+	prev := g.Fence
+	for i, w := range ws {
+		who := []string{"the first waiter", "the second waiter", "the third waiter"}[i]
+		h := w.handed(t, who)
+		for _, later := range ws[i+1:] {
+			later.notWoken(t, "a later waiter")
+		}
+		if h.Fence <= prev {
+			t.Fatalf("%s was handed fence %d after %d; want it greater", who, h.Fence, prev)
+		}
+		prev = h.Fence
+		holderIs(ctx, t, bs[i], "k", h.Token, h.Fence)
+		if h.Since.After(time.Now()) {
+			t.Fatalf("%s's handover counts from %v, in the future", who, h.Since)
+		}
+		if err := bs[i].Release(ctx, "k", h.Token); err != nil {
+			t.Fatalf("release by %s: %v", who, err)
+		}
+	}
+	// Nothing is left: no lock, no record.
+	_, cli := newBackend(t, agent.Addr)
+	if kvs := entries(t, cli); len(kvs) != 0 {
+		t.Fatalf("left behind: %d entries, the first %s", len(kvs), kvs[0].Key)
+	}
+}
+
+// A waiter whose session went while it waited (expired, or destroyed from
+// outside) is never handed the lock from its record: the release skips it
+// for the next waiter; the waiter is woken, and its next attempt queues
+// again, at the back.
+func TestQueueRecordVanishes(t *testing.T) {
+	agent := consultest.Start(t)
+	ctx := context.Background()
+	holder, cli := newBackend(t, agent.Addr)
+	tok := newToken()
+	if _, err := holder.Acquire(ctx, "k", tok, queueTTL); err != nil {
+		t.Fatal(err)
+	}
+	b1, _ := newBackend(t, agent.Addr)
+	b2, _ := newBackend(t, agent.Addr)
+	w1 := queueUp(ctx, t, b1, "k")
+	w2 := queueUp(ctx, t, b2, "k")
+	// Destroy the first waiter's session from outside.
+	var sess string
+	for _, kv := range entries(t, cli) {
+		if strings.Contains(kv.Key, "/q/") && strings.HasSuffix(string(kv.Value), w1.tok) {
+			sess = kv.Session
+		}
+	}
+	if sess == "" {
+		t.Fatal("the first waiter's record is not in the store")
+	}
+	if _, err := cli.Session().Destroy(sess, nil); err != nil {
+		t.Fatal(err)
+	}
+	w1.woken(t, "the waiter whose session went")
+	if _, ok := w1.q.Handed(); ok {
+		t.Fatal("a waiter whose session went was handed the lock")
+	}
+	if err := holder.Release(ctx, "k", tok); err != nil {
+		t.Fatal(err)
+	}
+	h := w2.handed(t, "the second waiter")
+	holderIs(ctx, t, b2, "k", h.Token, h.Fence)
+	if _, ok := w1.q.Handed(); ok {
+		t.Fatal("a waiter whose session went was handed the lock")
+	}
+	// Its next attempt queues it again, with a new session.
+	w1.try(ctx, t, "k")
+	if err := b2.Release(ctx, "k", h.Token); err != nil {
+		t.Fatal(err)
+	}
+	h1 := w1.handed(t, "the waiter that queued again")
+	if err := b1.Release(ctx, "k", h1.Token); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A waiter that gives up leaves nothing behind: its record goes, and a
+// lock handed to it (even one it never learned of) is freed.
+func TestQueueGivingUpLeavesNothing(t *testing.T) {
+	agent := consultest.Start(t)
+	ctx := context.Background()
+	holder, cli := newBackend(t, agent.Addr, consul.WithLockDelay(0))
+	b1, _ := newBackend(t, agent.Addr, consul.WithLockDelay(0))
+	tok := newToken()
+	if _, err := holder.Acquire(ctx, "k", tok, queueTTL); err != nil {
+		t.Fatal(err)
+	}
+	w := queueUp(ctx, t, b1, "k")
+	w.q.Close(false)
+	waitFor(t, "the record of a waiter that gave up to go", func() bool { return len(entries(t, cli)) == 1 })
+	if err := holder.Release(ctx, "k", tok); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the key to be free", func() bool { return len(entries(t, cli)) == 0 })
+
+	// Handed, then gives up without taking it.
+	tok = newToken()
+	if _, err := holder.Acquire(ctx, "k", tok, queueTTL); err != nil {
+		t.Fatal(err)
+	}
+	w = queueUp(ctx, t, b1, "k")
+	if err := holder.Release(ctx, "k", tok); err != nil {
+		t.Fatal(err)
+	}
+	w.woken(t, "the waiter")
+	if _, ok := w.q.Handed(); !ok {
+		t.Fatal("nothing handed to the waiter")
+	}
+	w.q.Close(false)
+	waitFor(t, "the lock handed to a waiter that gave up to be freed", func() bool { return len(entries(t, cli)) == 0 })
+	if _, err := holder.Acquire(ctx, "k", newToken(), queueTTL); err != nil {
+		t.Fatalf("Acquire after the waiter gave up: %v", err)
+	}
+}
+
+// waitFor polls cond (a store read) until it holds, for at most 5s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the store
+	}
+}
+
+// A waiter cut off from the agent just before the release hands it the
+// lock, for longer than its session can live (Consul expires a session up
+// to twice its TTL after its last renewal): whichever way it gets the lock
+// once the connection heals (the handover, counted from its last renewal,
+// or its own next attempt, counted from that attempt's send), no other
+// client can take the key before the deadline of the lease it got.
+// (TestQueueHandsOverInOrder checks that a handover counts from the
+// waiter's own request.)
+func TestCutOffWaiterGetsNoStaleHandover(t *testing.T) {
+	agent := consultest.Start(t)
+	ctx := context.Background()
+	const ttl = time.Second
+	hb, _ := newBackend(t, agent.Addr, consul.WithLockDelay(0))
+	holder, err := lock.New(hb, lock.WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	px := faultproxy.Start(t, agent.Addr)
+	wb, _ := newBackend(t, px.Addr, consul.WithLockDelay(0))
+	waiter, err := lock.New(wb, lock.WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer waiter.Close()
+	other, cli := newBackend(t, agent.Addr, consul.WithLockDelay(0))
+	l, err := holder.TryAcquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *lock.Lease, 1)
+	go func() {
+		wl, err := waiter.Acquire(ctx, "k")
+		if err != nil {
+			t.Errorf("waiter's Acquire: %v", err)
+		}
+		got <- wl
+	}()
+	waitFor(t, "the waiter to queue", func() bool {
+		kvs, _, _ := cli.KV().List(consul.DefaultPrefix+"k/q/", nil)
+		return len(kvs) == 1
+	})
+	px.Cut()
+	if err := l.Release(ctx); err != nil { // hands the lock to the waiter
+		t.Fatal(err)
+	}
+	time.Sleep(2*ttl + 1500*time.Millisecond) // past the session's latest expiry
+	px.Heal()
+	wl := <-got
+	if wl == nil {
+		return
+	}
+	defer wl.Release(ctx)
+	dl := wl.Deadline() // as the waiter got it (renewals move it on)
+	for time.Now().Before(dl) {
+		if g, err := other.Acquire(ctx, "k", newToken(), ttl); err == nil {
+			t.Fatalf("another client took the key (fence %d) %v before the waiter's deadline (its fence %d)", g.Fence, time.Until(dl), wl.Fence())
+		}
+		time.Sleep(5 * time.Millisecond) // poll the store
+	}
+}
