@@ -18,10 +18,21 @@
 // ModifyIndex, the Raft index of the write that made this owner the
 // holder. Renew renews the session and checks, in the same round trip,
 // that the entry is still locked by it. Release deletes the entry in a
-// transaction that checks the session first. Waiters watch the entry with
-// blocking queries, and a holder watches its own entry: when the entry is
-// deleted or its session destroyed from outside, the lease is lost at
-// once, not at its next renewal.
+// transaction that checks the session first, or hands the lock to the
+// first waiter. A holder watches its own entry: when the entry is deleted
+// or its session destroyed from outside, the lease is lost at once, not at
+// its next renewal.
+//
+// Waiters queue in Consul (see queue.go for the argument): a waiting
+// Acquire that finds the key held puts a record beside the entry, locked
+// by the session its lock will be on, and follows only that record with a
+// blocking query. A release hands the lock to the oldest record's session
+// in one transaction (unlock, lock for the waiter, check and mark the
+// record), so one release wakes one waiter, which holds the lock without a
+// request of its own; its validity counts from its own latest session
+// renewal. A waiter whose session went is never handed the lock from its
+// record. Acquires that do not wait (TryAcquire) are not queued and may
+// take a free key before the queue: the order is not FIFO.
 //
 // Sessions cost a Raft write to create, so a backend keeps the sessions of
 // released locks and reuses them, one lock at a time each (see
@@ -56,9 +67,10 @@
 //	leader failover  | locks survive (Raft); a session may live up to one
 //	                 | more TTL
 //
-// A release wakes every waiter of the key (their blocking queries return);
-// each then tries once, one of them gets the lock, and the others wait
-// again: Consul has no way to wake one.
+// A holder whose session expires (or is destroyed) frees the key without a
+// handover: the waiter that was first in the queue when it queued follows
+// the entry too and tries at once (after the lock-delay); the others learn
+// it at their next attempt, at most one TTL later.
 //
 // # Guarded writes
 //
@@ -151,8 +163,8 @@ func WithMinTTL(d time.Duration) Option { return func(o *options) { o.minTTL = d
 func WithLockDelay(d time.Duration) Option { return func(o *options) { o.lockDelay = d } }
 
 // Backend is a backend.Backend over a Consul agent or server. It
-// implements backend.Notifier, backend.LossNotifier, backend.Inspector and
-// backend.Describer.
+// implements backend.Queuer (and so backend.Notifier),
+// backend.LossNotifier, backend.Inspector and backend.Describer.
 type Backend struct {
 	cli *api.Client
 	o   options
