@@ -4,6 +4,7 @@ import (
 	"container/list"
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"time"
 
@@ -52,7 +53,8 @@ type pubsubNode struct {
 }
 
 type channelState struct {
-	watchers  *list.List    // of *watch, in arrival order
+	watchers  *list.List        // of *watch, in arrival order
+	places    map[string]*watch // the watches of queue places, by place id
 	ready     chan struct{} // closed when every node confirmed or failed
 	pending   int           // nodes that have neither confirmed nor failed
 	confirmed int           // nodes that confirmed
@@ -73,6 +75,52 @@ func newNotifier(owned bool, subs ...Subscriber) *notifier {
 // confirmed the subscription, so that no release after watch returns is
 // missed on that node.
 func (n *notifier) watch(ctx context.Context, channel string) (backend.Watch, error) {
+	w, err := n.watchOn(ctx, channel, nil)
+	if err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// watchPlace is watch for a place in the key's queue: handover messages
+// for it (see queue.go) reach it alone.
+func (n *notifier) watchPlace(ctx context.Context, channel string, p *place) (*watch, error) {
+	return n.watchOn(ctx, channel, p)
+}
+
+// subscribed reports whether channel is subscribed and confirmed, so that
+// a watch of it costs no request.
+func (n *notifier) subscribed(channel string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	st := n.channels[channel]
+	if st == nil || st.confirmed == 0 {
+		return false
+	}
+	_, leaving := n.leaving[channel]
+	return !leaving
+}
+
+// handoff reports a handover to place p found without its message.
+func (n *notifier) handoff(p *place, fence uint64, token string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	p.mu.Lock()
+	w := p.w
+	p.mu.Unlock()
+	if w != nil && p.handoff(fence, token) {
+		w.notify()
+	}
+}
+
+// wake wakes w.
+func (n *notifier) wake(w *watch) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	w.notify()
+}
+
+func (n *notifier) watchOn(ctx context.Context, channel string, p *place) (*watch, error) {
 	if n.owned {
 		ctx = markOwned(ctx)
 	}
@@ -98,7 +146,7 @@ func (n *notifier) watch(ctx context.Context, channel string) (backend.Watch, er
 	}
 	st := n.channels[channel]
 	if st == nil {
-		st = &channelState{watchers: list.New(), ready: make(chan struct{}), pending: len(n.nodes)}
+		st = &channelState{watchers: list.New(), places: map[string]*watch{}, ready: make(chan struct{}), pending: len(n.nodes)}
 		n.channels[channel] = st
 		for _, node := range n.nodes {
 			if node.ps == nil {
@@ -127,8 +175,11 @@ func (n *notifier) watch(ctx context.Context, channel string) (backend.Watch, er
 		st.idle.Stop()
 		st.idle = nil
 	}
-	w := &watch{n: n, channel: channel, st: st, ch: make(chan struct{}, 1)}
+	w := &watch{n: n, channel: channel, st: st, ch: make(chan struct{}, 1), place: p}
 	w.elem = st.watchers.PushBack(w)
+	if p != nil {
+		st.places[p.id] = w
+	}
 	ready := st.ready
 	n.mu.Unlock()
 
@@ -194,8 +245,12 @@ func (n *notifier) confirmed(channel string) {
 	}
 	// A node subscribed again (a reconnect, or a node that answered after
 	// the wait gave up): a release may have gone unheard meanwhile. Let the
-	// first waiter check.
+	// first waiter check, and every place in the queue (a handover to it
+	// may have gone unheard).
 	st.wakeFirst()
+	for _, w := range st.places {
+		w.notify()
+	}
 }
 
 func (n *notifier) released(channel, id string) {
@@ -203,6 +258,21 @@ func (n *notifier) released(channel, id string) {
 	defer n.mu.Unlock()
 	st := n.channels[channel]
 	if st == nil {
+		return
+	}
+	if id, fence, token, ok := parseHandover(id); ok {
+		// A handover to one place in the queue: it wakes that place
+		// only, if it is this process's.
+		if w := st.places[id]; w != nil && w.place.handoff(fence, token) {
+			w.notify()
+		}
+		return
+	}
+	if pid, ok := strings.CutPrefix(id, "w:"); ok {
+		// The key is free with this place first in the queue.
+		if w := st.places[pid]; w != nil {
+			w.notify()
+		}
 		return
 	}
 	for _, r := range st.recent {
@@ -230,6 +300,9 @@ func (n *notifier) leave(w *watch, took bool) {
 	st := w.st
 	st.watchers.Remove(w.elem)
 	w.elem = nil
+	if w.place != nil && st.places[w.place.id] == w {
+		delete(st.places, w.place.id)
+	}
 	if w.woken && !took {
 		st.wakeFirst()
 	}
@@ -302,6 +375,7 @@ type watch struct {
 	ch      chan struct{}
 	elem    *list.Element // nil once closed; guarded by n.mu
 	woken   bool          // guarded by n.mu
+	place   *place        // the queue place it serves, or nil
 }
 
 func (w *watch) C() <-chan struct{} { return w.ch }

@@ -259,6 +259,7 @@ var (
 	_ backend.Describer  = (*Backend)(nil)
 	_ backend.Inspector  = (*Backend)(nil)
 	_ backend.Transferer = (*Backend)(nil)
+	_ backend.Queuer     = (*Backend)(nil)
 )
 
 // New returns a backend over rdb. The backend does not close rdb unless it
@@ -358,9 +359,12 @@ func ms(ttl time.Duration) int64 {
 var (
 	// acquireScript: KEYS = lock, fence, dead token, next (see
 	// transferScript)[, the slot's fence counter (see fence.go)]; ARGV =
-	// token, ttl ms. Returns the fence (> 0) when it took the lock, or
+	// token, ttl ms[, the queue, its record prefix, the channel (see
+	// queue.go)]. Returns the fence (> 0) when it took the lock, or
 	// minus the holder's PTTL (<= 0) after marking the lock as waited
-	// for, or the error DEAD for a released token. A request that finds
+	// for, or the error DEAD for a released token. With the queue, a free
+	// key is not taken while a place with a live record queues: the
+	// script wakes the first such place and returns 0. A request that finds
 	// its own token (go-redis sent it again after a lost reply; the first
 	// one took the lock) returns the fence the first one got and sets the
 	// expiry to the TTL from now, as a new grant would: whoever counts a
@@ -375,6 +379,17 @@ var (
 	acquireScript = goredis.NewScript(`
 if redis.call('EXISTS', KEYS[3]) == 1 then
   return redis.error_reply('DEAD token released before')
+end
+if ARGV[3] and redis.call('EXISTS', ARGV[3]) == 1 and redis.call('EXISTS', KEYS[1]) == 0 then
+  while true do
+    local h = redis.call('ZRANGE', ARGV[3], 0, 0)[1]
+    if not h then break end
+    if redis.call('EXISTS', ARGV[4] .. h) == 1 then
+      redis.call('PUBLISH', ARGV[5], 'w:' .. h)
+      return 0
+    end
+    redis.call('ZREM', ARGV[3], h)
+  end
 end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if KEYS[5] then
@@ -561,7 +576,7 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	if sk := b.opts.slotFenceKey(lk); sk != "" {
 		ks = append(ks, sk)
 	}
-	res, err := b.batch.run(ctx, acquireScript, ks, token, ms(ttl)).Int64()
+	res, err := b.batch.run(ctx, acquireScript, ks, token, ms(ttl), queueKeyOf(lk), recordPrefixOf(lk), channelOf(lk)).Int64()
 	if err != nil {
 		return backend.Grant{}, acquireErr(err)
 	}
@@ -597,7 +612,7 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 		return err
 	}
 	lk, _ := keys(b.opts.prefix, key)
-	n, err := b.batch.run(ctx, releaseScript, []string{lk, deadKeyOf(lk, token)}, token, deadMs).Int64()
+	n, err := b.releaseWith(ctx, lk, token, "", "")
 	if err != nil {
 		return storeErr("release", err)
 	}
@@ -673,7 +688,11 @@ func (b *Backend) Watch(ctx context.Context, key string) (backend.Watch, error) 
 }
 
 // Capabilities implements backend.Describer.
-func (b *Backend) Capabilities() backend.Capabilities { return capabilities(b.opts) }
+func (b *Backend) Capabilities() backend.Capabilities {
+	c := capabilities(b.opts)
+	c.FIFO = true // see queue.go
+	return c
+}
 
 // capabilities are the same for one deployment and for Redlock: every node
 // expires a lock by its own PX, in milliseconds.

@@ -1,0 +1,525 @@
+package redis
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/distlock/lock/backend"
+)
+
+// The waiters' queue and the handover (backend.Queuer), single deployment
+// only.
+//
+// A waiting Acquire that finds the key held (or others queued before it)
+// puts its place in the key's queue in the same script: the sorted set
+// "PREFIX{KEY}:q" holds the places' ids in arrival order, and each place
+// has a record "PREFIX{KEY}:w:ID" whose value is the token of its latest
+// refused attempt and whose expiry is its TTL from that attempt, refreshed
+// every third of the TTL while it waits (the record is the waiter's lease
+// on its place). The release script hands the lock to the oldest place
+// whose record lives: it sets the lock key to the record's token with the
+// record's remaining expiry, takes a new fence, deletes the record, and
+// publishes "h:ID:FENCE:TOKEN" on the key's channel; the process of that
+// place (and only it) wakes, and holds the lock with no request of its
+// own. Why that keeps the promise:
+//
+//   - Exclusion. The release script checks the releasing token and gives
+//     the key to the waiter in one atomic step; every other acquire finds
+//     the key held.
+//   - The waiter's deadline. The lock key gets the record's remaining
+//     expiry, so the store keeps the lock until at least the TTL after the
+//     request that last wrote or refreshed the record; the waiter counts its
+//     deadline from that request's send time (Handover.Since), never from
+//     the handover or the message, which it did not send.
+//   - Vanished records. A place whose record expired (its process died or
+//     stalled past its TTL) is skipped, and a record whose token was
+//     released (a waiter that gave up) is skipped too: a waiter is never
+//     handed the lock from a place it lost. Its next attempt queues it
+//     again, at the back.
+//   - A waiter that gives up runs the release script for its record's
+//     token: its place goes, and a lock handed to it that it never took is
+//     released to the next waiter. A waiter whose process dies leaves its
+//     record until it expires, at most its TTL after its last refresh, and
+//     a lock handed to it until the same moment.
+//   - A lost message (a pub/sub connection that broke) delays the waiter,
+//     it does not harm anyone: the lock stays the waiter's until its
+//     expiry, and the waiter's next attempt (a resubscription wakes it, and
+//     package lock retries at least every TTL) takes it over as a new grant.
+//   - Fences. A handover takes its fence from the key's counter (or the
+//     slot's), like every grant.
+//   - FIFO. A waiter takes a free key only when no live place is queued
+//     before it, and Acquire and TryAcquire calls that do not queue take a
+//     free key only when nobody queues; a release hands the key to the
+//     oldest place. Waiters are served in the order they first found the
+//     key held.
+//
+// Redlock does not queue: a handover would have to be the same on a
+// majority of nodes, each choosing the head of its own queue, and nodes
+// that disagree (a waiter's record expired on one, a node restarted empty)
+// would hand the lock to different waiters, one per minority. Its waiters
+// wake on release messages, as before.
+
+// queueKeyOf returns the key of a lock's queue of waiters.
+func queueKeyOf(lockKey string) string { return lockKey + ":q" }
+
+// recordPrefixOf returns the prefix of a lock's waiter records.
+func recordPrefixOf(lockKey string) string { return lockKey + ":w:" }
+
+var (
+	// placeAcquireScript: KEYS = lock, fence, dead token, next, queue,
+	// record[, the slot's fence counter]; ARGV = token, ttl ms, place id,
+	// the place's previous token ('' for none), record prefix, channel.
+	// Returns {the fence} (> 0) when it took the lock, or {minus the
+	// holder's PTTL (<= 0), 1 when the place is first in the queue, else
+	// 0} after queueing the place ({0, 0} when the key is free but others
+	// queue first), or the error DEAD for a released token.
+	//
+	// A lock held by the place's previous token was handed to the place,
+	// which did not take it (it learned of it too late): the script takes
+	// it over for token as a new grant, with a new fence and the TTL from
+	// this request. The handover gave a lock with others queued behind it
+	// the mark ('+'), as every queued acquire does.
+	placeAcquireScript = goredis.NewScript(`
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  return redis.error_reply('DEAD token released before')
+end
+local v = redis.call('GET', KEYS[1])
+local function grant(marked)
+  local val = ARGV[1]
+  if marked then val = val .. '+' end
+  redis.call('SET', KEYS[1], val, 'PX', ARGV[2])
+  redis.call('ZREM', KEYS[5], ARGV[3])
+  redis.call('DEL', KEYS[6])
+  if KEYS[7] then
+    local f = redis.call('INCR', KEYS[7])
+    local old = tonumber(redis.call('GET', KEYS[2]) or '0')
+    if old >= f then
+      f = old + 1
+      redis.call('SET', KEYS[7], f)
+    end
+    redis.call('SET', KEYS[2], f, 'PX', ARGV[2])
+    return {f}
+  end
+  return {redis.call('INCR', KEYS[2])}
+end
+if v == ARGV[1] or v == ARGV[1] .. '+' then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('PEXPIRE', KEYS[4], ARGV[2])
+  if KEYS[7] then
+    redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  end
+  local c = redis.call('GET', KEYS[2])
+  if redis.call('GET', KEYS[4]) == c then
+    return {tonumber(c) - 1}
+  end
+  return {tonumber(c)}
+end
+if ARGV[4] ~= '' and (v == ARGV[4] or v == ARGV[4] .. '+') then
+  return grant(string.byte(v, -1) == 43)
+end
+local head
+while true do
+  local h = redis.call('ZRANGE', KEYS[5], 0, 0)[1]
+  if not h or h == ARGV[3] or redis.call('EXISTS', ARGV[5] .. h) == 1 then
+    head = h
+    break
+  end
+  redis.call('ZREM', KEYS[5], h)
+end
+if not v then
+  if not head or head == ARGV[3] then
+    local n = redis.call('ZCARD', KEYS[5])
+    if head then n = n - 1 end
+    return grant(n > 0)
+  end
+  redis.call('PUBLISH', ARGV[6], 'w:' .. head)
+elseif string.byte(v, -1) ~= 43 then
+  redis.call('APPEND', KEYS[1], '+')
+end
+redis.call('SET', KEYS[6], ARGV[1], 'PX', ARGV[2])
+if not redis.call('ZSCORE', KEYS[5], ARGV[3]) then
+  local last = redis.call('ZRANGE', KEYS[5], -1, -1, 'WITHSCORES')
+  local s = 1
+  if last[2] then s = tonumber(last[2]) + 1 end
+  redis.call('ZADD', KEYS[5], s, ARGV[3])
+end
+if redis.call('PTTL', KEYS[5]) < tonumber(ARGV[2]) then
+  redis.call('PEXPIRE', KEYS[5], ARGV[2])
+end
+if not v then return {0, 0} end
+local p = redis.call('PTTL', KEYS[1])
+if p < 0 then p = 0 end
+local first = 0
+if not head or head == ARGV[3] then first = 1 end
+return {-p, first}`)
+
+	// queueReleaseScript is the single deployment's release: KEYS = lock,
+	// dead token, fence, queue, the releasing place's record ('' for
+	// none)[, the slot's fence counter]; ARGV = token, tombstone ms,
+	// channel, record prefix, the releasing place's id ('' for none).
+	// Returns as releaseScript. It removes the releasing place from the
+	// queue, then, when token holds the lock, hands it to the oldest
+	// place whose record lives and whose token is not dead (see above),
+	// or deletes it (publishing the token when a waiter marked it).
+	queueReleaseScript = goredis.NewScript(`
+if ARGV[5] ~= '' then
+  redis.call('ZREM', KEYS[4], ARGV[5])
+  redis.call('DEL', KEYS[5])
+end
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] or v == ARGV[1] .. '+' then
+  redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+  while true do
+    local h = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
+    if not h then break end
+    redis.call('ZREM', KEYS[4], h)
+    local r = ARGV[4] .. h
+    local t = redis.call('GET', r)
+    local p = redis.call('PTTL', r)
+    if t and p > 0 and redis.call('EXISTS', KEYS[1] .. ':dead:' .. t) == 0 then
+      local val = t
+      if redis.call('ZCARD', KEYS[4]) > 0 then val = t .. '+' end
+      redis.call('SET', KEYS[1], val, 'PX', p)
+      redis.call('DEL', r)
+      local f
+      if KEYS[6] then
+        f = redis.call('INCR', KEYS[6])
+        local old = tonumber(redis.call('GET', KEYS[3]) or '0')
+        if old >= f then
+          f = old + 1
+          redis.call('SET', KEYS[6], f)
+        end
+        redis.call('SET', KEYS[3], f, 'PX', p)
+      else
+        f = redis.call('INCR', KEYS[3])
+      end
+      redis.call('PUBLISH', ARGV[3], 'h:' .. h .. ':' .. f .. ':' .. t)
+      return 1
+    end
+  end
+  redis.call('DEL', KEYS[1])
+  if v ~= ARGV[1] then
+    redis.call('PUBLISH', ARGV[3], ARGV[1])
+  end
+  return 1
+end
+local d = redis.call('GET', KEYS[2])
+if d then
+  return tonumber(d)
+end
+redis.call('SET', KEYS[2], '0', 'PX', ARGV[2])
+return 0`)
+
+	// refreshScript: KEYS = record, queue; ARGV = ttl ms. Returns 1, or 0
+	// when the record is gone.
+	refreshScript = goredis.NewScript(`
+if redis.call('PEXPIRE', KEYS[1], ARGV[1]) == 0 then
+  return 0
+end
+if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[1]) then
+  redis.call('PEXPIRE', KEYS[2], ARGV[1])
+end
+return 1`)
+)
+
+// Queue implements backend.Queuer. It sends nothing: the place's Acquire
+// does.
+func (b *Backend) Queue(key string) (backend.Queue, error) {
+	if err := b.check(); err != nil {
+		return nil, err
+	}
+	var id [8]byte
+	crand.Read(id[:])
+	lk, fk := keys(b.opts.prefix, key)
+	p := &place{b: b, key: key, lk: lk, fk: fk, id: hex.EncodeToString(id[:]), ch: make(chan struct{}, 1)}
+	p.rec = recordPrefixOf(lk) + p.id
+	return p, nil
+}
+
+// place is one waiter's place in a key's queue.
+type place struct {
+	b          *Backend
+	key        string
+	lk, fk, id string
+	rec        string
+	ch         chan struct{} // wake-ups when no subscription carries them
+
+	mu        sync.Mutex
+	w         *watch // the subscription to the key's channel, once queued
+	cur       string // the token in the record
+	ttl       time.Duration
+	refreshed time.Time // send time of the latest confirmed write or refresh of the record
+	queued    bool      // the record may exist
+	handed    *backend.Handover
+	closed    bool
+	timer     *time.Timer // the record's next refresh
+	expiry    *time.Timer // the holder's expiry, for the first place
+}
+
+// C implements backend.Watch: the subscription's wake-ups once the place
+// has one.
+func (p *place) C() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.w != nil {
+		return p.w.C()
+	}
+	return p.ch
+}
+
+// Handed implements backend.Queue.
+func (p *place) Handed() (backend.Handover, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.handed == nil {
+		return backend.Handover{}, false
+	}
+	return *p.handed, true
+}
+
+// handoff records the lock handed to the place's token at fence, from a
+// release message. The notifier calls it with its lock held.
+func (p *place) handoff(fence uint64, token string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || token != p.cur || p.handed != nil {
+		return false
+	}
+	p.handed = &backend.Handover{Token: token, Grant: backend.Grant{Fence: fence, TTL: granted(p.ttl)}, Since: p.refreshed}
+	p.queued = false // the handover deleted the record
+	return true
+}
+
+func (p *place) acquireKeys(token string) []string {
+	ks := []string{p.lk, p.fk, deadKeyOf(p.lk, token), nextKeyOf(p.lk), queueKeyOf(p.lk), p.rec}
+	if sk := p.b.opts.slotFenceKey(p.lk); sk != "" {
+		ks = append(ks, sk)
+	}
+	return ks
+}
+
+// Acquire implements backend.Queue.
+func (p *place) Acquire(ctx context.Context, token string, ttl time.Duration) (backend.Grant, error) {
+	b := p.b
+	if err := b.check(); err != nil {
+		return backend.Grant{}, err
+	}
+	ch := channelOf(p.lk)
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return backend.Grant{}, backend.ErrClosed
+	}
+	prev, subscribed := p.cur, p.w != nil
+	p.mu.Unlock()
+	if !subscribed && b.notify.subscribed(ch) {
+		// The key's channel is subscribed already (a hot key): join it
+		// before queueing, so that no handover message is missed. This
+		// sends nothing.
+		if err := p.subscribe(ctx, ch); err != nil {
+			return backend.Grant{}, err
+		}
+		subscribed = true
+	}
+	sent := time.Now()
+	out, err := b.batch.run(ctx, placeAcquireScript, p.acquireKeys(token), token, ms(ttl), p.id, prev, recordPrefixOf(p.lk), ch).Int64Slice()
+	if err == nil && (len(out) == 0 || len(out) > 2 || (out[0] <= 0) != (len(out) == 2)) {
+		err = fmt.Errorf("unexpected script reply %v", out)
+	}
+	if err != nil {
+		p.mu.Lock()
+		p.queued = true // the record may exist: Close removes it
+		p.mu.Unlock()
+		return backend.Grant{}, acquireErr(err)
+	}
+	res := out[0]
+	if res > 0 {
+		p.mu.Lock()
+		p.queued, p.handed = false, nil
+		p.stopRefreshLocked()
+		p.mu.Unlock()
+		return backend.Grant{Fence: uint64(res), TTL: granted(ttl)}, nil
+	}
+	p.mu.Lock()
+	p.cur, p.ttl, p.queued = token, ttl, true
+	if sent.After(p.refreshed) {
+		p.refreshed = sent // the script wrote the record with ttl
+	}
+	p.scheduleRefreshLocked()
+	if p.expiry != nil {
+		p.expiry.Stop()
+		p.expiry = nil
+	}
+	if out[1] == 1 && res < 0 {
+		// First in the queue: a holder that expires hands nothing over
+		// and publishes nothing; try again when its expiry comes.
+		p.expiry = time.AfterFunc(time.Duration(-res)*time.Millisecond+time.Millisecond, p.wake)
+	}
+	p.mu.Unlock()
+	if !subscribed {
+		// Join the key's channel, then check once more: a handover
+		// published before the subscription was not heard.
+		if err := p.subscribe(ctx, ch); err == nil {
+			if h, err := inspect(ctx, b.batch, p.lk, p.fk); err == nil && h.Held && h.Token == token {
+				b.notify.handoff(p, h.Fence, token)
+			}
+		}
+	}
+	return backend.Grant{}, backend.Locked(time.Duration(-res) * time.Millisecond)
+}
+
+// subscribe joins the key's channel as the place's watch.
+func (p *place) subscribe(ctx context.Context, ch string) error {
+	w, err := p.b.notify.watchPlace(ctx, ch, p)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	closed, had := p.closed, p.w != nil
+	if !closed && !had {
+		p.w = w
+	}
+	p.mu.Unlock()
+	switch {
+	case closed:
+		w.Close(false)
+		return backend.ErrClosed
+	case had:
+		w.Close(false)
+	}
+	return nil
+}
+
+// wake wakes the place's caller.
+func (p *place) wake() {
+	p.mu.Lock()
+	w := p.w
+	p.mu.Unlock()
+	if w != nil {
+		p.b.notify.wake(w)
+		return
+	}
+	select {
+	case p.ch <- struct{}{}:
+	default:
+	}
+}
+
+// scheduleRefreshLocked refreshes the record a third of its TTL after its
+// latest write. p.mu must be held.
+func (p *place) scheduleRefreshLocked() {
+	if p.closed || p.timer != nil || !p.queued {
+		return
+	}
+	ttl := p.ttl
+	p.timer = time.AfterFunc(max(ttl/3-time.Since(p.refreshed), 0), func() {
+		p.mu.Lock()
+		p.timer = nil
+		if p.closed || !p.queued {
+			p.mu.Unlock()
+			return
+		}
+		p.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), ttl/3)
+		defer cancel()
+		sent := time.Now()
+		n, err := p.b.batch.run(ctx, refreshScript, []string{p.rec, queueKeyOf(p.lk)}, ms(ttl)).Int64()
+		p.mu.Lock()
+		switch {
+		case err != nil:
+			// Unknown: the earlier write still bounds the expiry.
+		case n == 1:
+			if sent.After(p.refreshed) {
+				p.refreshed = sent
+			}
+		case p.handed == nil:
+			// The record expired: the place is lost; the next
+			// attempt queues again, at the back.
+			p.queued = false
+			p.mu.Unlock()
+			p.wake()
+			return
+		}
+		p.scheduleRefreshLocked()
+		p.mu.Unlock()
+	})
+}
+
+// stopRefreshLocked stops the record's refresh. p.mu must be held.
+func (p *place) stopRefreshLocked() {
+	if p.timer != nil {
+		p.timer.Stop()
+		p.timer = nil
+	}
+	if p.expiry != nil {
+		p.expiry.Stop()
+		p.expiry = nil
+	}
+}
+
+// Close implements backend.Queue. A place that leaves without the lock
+// runs the release script for its record's token: its record and queue
+// entry go, and a lock handed to it is released to the next waiter.
+func (p *place) Close(took bool) error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	p.stopRefreshLocked()
+	w, cur, queued, handed := p.w, p.cur, p.queued, p.handed
+	p.mu.Unlock()
+	if w != nil {
+		w.Close(took)
+	}
+	if took || (!queued && handed == nil) || cur == "" {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	_, err := p.b.releaseWith(ctx, p.lk, cur, p.rec, p.id)
+	return err
+}
+
+// cleanupTimeout bounds the release a place sends when it leaves.
+const cleanupTimeout = 3 * time.Second
+
+// releaseWith runs the single deployment's release script for token, and
+// for the place id with record rec when id is not "". It returns the
+// script's answer: 1 released (now or before), 0 not held.
+func (b *Backend) releaseWith(ctx context.Context, lk, token, rec, id string) (int64, error) {
+	ks := []string{lk, deadKeyOf(lk, token), lk + ":fence", queueKeyOf(lk), rec}
+	if rec == "" {
+		ks[4] = lk + ":w:" // a key of the slot; unused without an id
+	}
+	if sk := b.opts.slotFenceKey(lk); sk != "" {
+		ks = append(ks, sk)
+	}
+	return b.batch.run(ctx, queueReleaseScript, ks, token, deadMs, channelOf(lk), recordPrefixOf(lk), id).Int64()
+}
+
+// parseHandover parses a handover message "h:ID:FENCE:TOKEN".
+func parseHandover(msg string) (id string, fence uint64, token string, ok bool) {
+	rest, ok := strings.CutPrefix(msg, "h:")
+	if !ok {
+		return "", 0, "", false
+	}
+	parts := strings.SplitN(rest, ":", 3)
+	if len(parts) != 3 {
+		return "", 0, "", false
+	}
+	f, err := strconv.ParseUint(parts[1], 10, 64)
+	if err != nil || f == 0 {
+		return "", 0, "", false
+	}
+	return parts[0], f, parts[2], true
+}

@@ -1,0 +1,259 @@
+package redis_test
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/internal/redistest"
+	"github.com/distlock/lock/redis"
+)
+
+const queueTTL = 10 * time.Second
+
+func newQueueToken() string {
+	var b [16]byte
+	crand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// queued is a place in a key's queue that found the key held.
+type queued struct {
+	q   backend.Queue
+	tok string
+	// The place's first Acquire began, and its latest ended: the record
+	// was written in between, and not refreshed since (the tests are
+	// shorter than a third of queueTTL).
+	began, ended time.Time
+}
+
+func queueUpOn(ctx context.Context, t *testing.T, b *redis.Backend, key string) *queued {
+	t.Helper()
+	q, err := b.Queue(key)
+	if err != nil {
+		t.Fatalf("Queue: %v", err)
+	}
+	t.Cleanup(func() { q.Close(false) })
+	w := &queued{q: q}
+	w.try(ctx, t, key)
+	return w
+}
+
+func (w *queued) try(ctx context.Context, t *testing.T, key string) {
+	t.Helper()
+	tok := newQueueToken()
+	began := time.Now()
+	if _, err := w.q.Acquire(ctx, tok, queueTTL); !errors.Is(err, backend.ErrLocked) {
+		t.Fatalf("Acquire of %q through a place, the key held: %v; want ErrLocked", key, err)
+	}
+	if w.began.IsZero() {
+		w.began = began
+	}
+	w.tok, w.ended = tok, time.Now()
+}
+
+// wakeUp waits for w's wake-up.
+func (w *queued) wakeUp(t *testing.T, who string) {
+	t.Helper()
+	select {
+	case <-w.q.C():
+	case <-time.After(5 * time.Second):
+		t.Fatalf("%s was not woken within 5s", who)
+	}
+}
+
+func (w *queued) notWoken(t *testing.T, who string) {
+	t.Helper()
+	select {
+	case <-w.q.C():
+		t.Errorf("%s was woken, though not at the head of the queue", who)
+	default:
+	}
+}
+
+// handedOver waits for the handover to w and checks it.
+func (w *queued) handedOver(t *testing.T, who string) backend.Handover {
+	t.Helper()
+	w.wakeUp(t, who)
+	h, ok := w.q.Handed()
+	if !ok {
+		t.Fatalf("%s was woken, but nothing was handed to it", who)
+	}
+	if h.Token != w.tok || h.Fence == 0 || h.TTL != queueTTL {
+		t.Fatalf("%s was handed %+v; want its token %s, a fence and the TTL %v", who, h, w.tok, queueTTL)
+	}
+	// The validity counts from the waiter's own request (the script that
+	// queued it), not from the handover or its message.
+	if h.Since.Before(w.began) || h.Since.After(w.ended) {
+		t.Fatalf("%s's handed lock counts from %v after it began to queue; want a request of its queueing, between 0 and %v",
+			who, h.Since.Sub(w.began), w.ended.Sub(w.began))
+	}
+	w.q.Close(true)
+	return h
+}
+
+func holderOf(ctx context.Context, t *testing.T, b *redis.Backend, key string) backend.Holder {
+	t.Helper()
+	h, err := b.Inspect(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// A release hands the lock to the oldest waiter, across clients, and wakes
+// that waiter only; fences grow; a newcomer never goes ahead of the queue;
+// the store keeps a handed lock until the waiter's own request's TTL, not
+// less; nothing is left behind.
+func TestQueueHandsOverInOrder(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	ctx := context.Background()
+	rdb := newGoRedis(t, srv.Addr)
+	holder := redis.New(rdb)
+	defer holder.Close()
+	tok := newQueueToken()
+	g, err := holder.Acquire(ctx, "k", tok, queueTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bs []*redis.Backend
+	var ws []*queued
+	for range 3 {
+		b := redis.New(newGoRedis(t, srv.Addr))
+		defer b.Close()
+		bs = append(bs, b)
+		ws = append(ws, queueUpOn(ctx, t, b, "k"))
+	}
+	if err := holder.Release(ctx, "k", tok); err != nil {
+		t.Fatal(err)
+	}
+	// A newcomer right after the release finds the key held.
+	if _, err := holder.Acquire(ctx, "k", newQueueToken(), queueTTL); !errors.Is(err, backend.ErrLocked) {
+		t.Fatalf("Acquire by a newcomer while 3 wait: %v; want ErrLocked", err)
+	}
+	prev := g.Fence
+	for i, w := range ws {
+		who := []string{"the first waiter", "the second waiter", "the third waiter"}[i]
+		h := w.handedOver(t, who)
+		for _, later := range ws[i+1:] {
+			later.notWoken(t, "a later waiter")
+		}
+		if h.Fence <= prev {
+			t.Fatalf("%s was handed fence %d after %d; want it greater", who, h.Fence, prev)
+		}
+		prev = h.Fence
+		if got := holderOf(ctx, t, bs[i], "k"); !got.Held || got.Token != h.Token || got.Fence != h.Fence {
+			t.Fatalf("holder after the handover to %s: %+v; want its token at fence %d", who, got, h.Fence)
+		}
+		// The store keeps it at least the TTL from the waiter's request.
+		if pttl := rdb.PTTL(ctx, "lock:{k}").Val(); time.Since(w.began)+pttl < queueTTL {
+			t.Fatalf("%s's lock expires %v from now, %v after its request: less than the TTL %v", who, pttl, time.Since(w.began)+pttl, queueTTL)
+		}
+		if err := bs[i].Release(ctx, "k", h.Token); err != nil {
+			t.Fatalf("release by %s: %v", who, err)
+		}
+	}
+	if left := keysLeft(t, rdb); len(left) != 1 || !strings.HasSuffix(left[0], ":fence") {
+		t.Fatalf("left behind: %v; want only the fence counter", left)
+	}
+}
+
+// A waiter whose record expired (its process stalled past its TTL) is never
+// handed the lock from it: the release skips it; its next attempt queues it
+// again, at the back.
+func TestQueueRecordVanishes(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	ctx := context.Background()
+	rdb := newGoRedis(t, srv.Addr)
+	holder := redis.New(rdb)
+	defer holder.Close()
+	tok := newQueueToken()
+	if _, err := holder.Acquire(ctx, "k", tok, queueTTL); err != nil {
+		t.Fatal(err)
+	}
+	b1, b2 := redis.New(newGoRedis(t, srv.Addr)), redis.New(newGoRedis(t, srv.Addr))
+	defer b1.Close()
+	defer b2.Close()
+	w1 := queueUpOn(ctx, t, b1, "k")
+	w2 := queueUpOn(ctx, t, b2, "k")
+	// The first waiter's record expires (as if its process had stalled).
+	var rec string
+	for _, k := range rdb.Keys(ctx, "lock:{k}:w:*").Val() {
+		if rdb.Get(ctx, k).Val() == w1.tok {
+			rec = k
+		}
+	}
+	if rec == "" || rdb.Del(ctx, rec).Val() != 1 {
+		t.Fatal("the first waiter's record is not in the store")
+	}
+	if err := holder.Release(ctx, "k", tok); err != nil {
+		t.Fatal(err)
+	}
+	h := w2.handedOver(t, "the second waiter")
+	if _, ok := w1.q.Handed(); ok {
+		t.Fatal("a waiter whose record expired was handed the lock")
+	}
+	w1.try(ctx, t, "k")
+	if err := b2.Release(ctx, "k", h.Token); err != nil {
+		t.Fatal(err)
+	}
+	h1 := w1.handedOver(t, "the waiter that queued again")
+	if err := b1.Release(ctx, "k", h1.Token); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A waiter that gives up leaves nothing behind: its record and queue entry
+// go, and a lock handed to it that it never took goes to the next waiter.
+func TestQueueGivingUpLeavesNothing(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	ctx := context.Background()
+	rdb := newGoRedis(t, srv.Addr)
+	holder := redis.New(rdb)
+	defer holder.Close()
+	b1, b2 := redis.New(newGoRedis(t, srv.Addr)), redis.New(newGoRedis(t, srv.Addr))
+	defer b1.Close()
+	defer b2.Close()
+	tok := newQueueToken()
+	if _, err := holder.Acquire(ctx, "k", tok, queueTTL); err != nil {
+		t.Fatal(err)
+	}
+	w := queueUpOn(ctx, t, b1, "k")
+	w.q.Close(false)
+	if err := holder.Release(ctx, "k", tok); err != nil {
+		t.Fatal(err)
+	}
+	if left := keysLeft(t, rdb); len(left) != 1 {
+		t.Fatalf("left behind after the waiter gave up and the holder released: %v", left)
+	}
+
+	// Handed to a waiter that gives up without taking it: the next one
+	// gets it.
+	tok = newQueueToken()
+	if _, err := holder.Acquire(ctx, "k", tok, queueTTL); err != nil {
+		t.Fatal(err)
+	}
+	w = queueUpOn(ctx, t, b1, "k")
+	next := queueUpOn(ctx, t, b2, "k")
+	if err := holder.Release(ctx, "k", tok); err != nil {
+		t.Fatal(err)
+	}
+	w.wakeUp(t, "the first waiter")
+	if _, ok := w.q.Handed(); !ok {
+		t.Fatal("nothing handed to the first waiter")
+	}
+	w.q.Close(false)
+	h := next.handedOver(t, "the next waiter")
+	if err := b2.Release(ctx, "k", h.Token); err != nil {
+		t.Fatal(err)
+	}
+	if left := keysLeft(t, rdb); len(left) != 1 {
+		t.Fatalf("left behind: %v", left)
+	}
+}
+
