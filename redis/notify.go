@@ -55,10 +55,10 @@ type pubsubNode struct {
 type channelState struct {
 	watchers  *list.List        // of *watch, in arrival order
 	places    map[string]*watch // the watches of queue places, by place id
-	ready     chan struct{} // closed when every node confirmed or failed
-	pending   int           // nodes that have neither confirmed nor failed
-	confirmed int           // nodes that confirmed
-	recent    [8]string     // ids of the last releases, to wake once per release
+	ready     chan struct{}     // closed when every node confirmed or failed
+	pending   int               // nodes that have neither confirmed nor failed
+	confirmed int               // nodes that confirmed
+	recent    [8]string         // ids of the last releases, to wake once per release
 	next      int
 	idle      *time.Timer // pending unsubscribe
 }

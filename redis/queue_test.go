@@ -256,4 +256,3 @@ func TestQueueGivingUpLeavesNothing(t *testing.T) {
 		t.Fatalf("left behind: %v", left)
 	}
 }
-
