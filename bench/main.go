@@ -354,7 +354,7 @@ func main() {
 	rounds := flag.Int("rounds", 5, "interleaved rounds per scenario; the table shows medians")
 	dur := flag.Duration("duration", time.Second, "length of one cycles measurement")
 	hotDur := flag.Duration("hot", 3*time.Second, "length of one hot-key measurement")
-	only := flag.String("only", "", "comma-separated scenarios to run: one,own,hot (default all)")
+	only := flag.String("only", "", "comma-separated scenarios to run: one,own,hot,sep (default all; sep: the hot key with 16 separate clients)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	store := flag.String("store", "redis", "the store to measure: redis (this library beside redislock, redsync and the floors), consul (beside api.Lock) or etcd (beside concurrency.Mutex)")
 	flag.Parse()
@@ -385,18 +385,33 @@ func main() {
 		l                         locker
 		c                         *counter
 		one, own, util, reqs, gap []float64
+		sep                       []locker // 16 separate clients
+		sepC                      *counter
+		sepUtil, sepReqs, sepCmds []float64
 	}
-	states := make([]*state, len(peers))
-	for i, p := range peers {
-		c := &counter{}
+	newClient := func(c *counter) *goredis.Client {
 		rdb := goredis.NewClient(&goredis.Options{
 			Addr:                     srv.Addr,
 			ContextTimeoutEnabled:    true,
 			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 		})
 		rdb.AddHook(c)
+		return rdb
+	}
+	admin := newClient(&counter{})
+	defer admin.Close()
+	states := make([]*state, len(peers))
+	for i, p := range peers {
+		c := &counter{}
+		rdb := newClient(c)
 		defer rdb.Close()
-		states[i] = &state{l: p.new(rdb), c: c}
+		st := &state{l: p.new(rdb), c: c, sepC: &counter{}}
+		for range 16 {
+			r := newClient(st.sepC)
+			defer r.Close()
+			st.sep = append(st.sep, p.new(r))
+		}
+		states[i] = st
 	}
 	want := func(s string) bool { return *only == "" || strings.Contains(*only, s) }
 	// Warm up every peer (connections, script caches), then run the rounds,
@@ -419,6 +434,13 @@ func main() {
 				u, q, g := hot(st.l, st.c, *hotDur)
 				st.util, st.reqs, st.gap = append(st.util, u), append(st.reqs, q), append(st.gap, g)
 			}
+			if want("sep") {
+				before := commands(admin)
+				u, q := hotSeparate(st.sep, &st.sepC.n, *hotDur)
+				sections := u / 100 * hotDur.Seconds() / 0.001
+				cmds := float64(commands(admin)-before-1) / max(sections, 1)
+				st.sepUtil, st.sepReqs, st.sepCmds = append(st.sepUtil, u), append(st.sepReqs, q), append(st.sepCmds, cmds)
+			}
 			fmt.Fprintf(os.Stderr, "round %d/%d: %s done\n", r+1, *rounds, p.name)
 		}
 	}
@@ -434,6 +456,17 @@ func main() {
 		if want("hot") {
 			res[i].utilisation, res[i].requests, res[i].gap = median(st.util), median(st.reqs), median(st.gap)
 		}
+	}
+	if want("sep") {
+		fmt.Println("Hot key, 16 separate clients (each its own go-redis client and peer instance, as separate processes would be), 1ms hold:")
+		fmt.Println()
+		fmt.Println("| peer | utilisation | client requests per section | Redis commands per section |")
+		fmt.Println("|---|---|---|---|")
+		for i, p := range peers {
+			st := states[i]
+			fmt.Printf("| %s | %.1f%% | %.1f | %.1f |\n", p.name, median(st.sepUtil), median(st.sepReqs), median(st.sepCmds))
+		}
+		fmt.Println()
 	}
 	fmt.Println("| peer | one goroutine, cycles/s | 32 goroutines own keys, cycles/s | hot key 1ms hold: utilisation | requests per section | gap between sections, median |")
 	fmt.Println("|---|---|---|---|---|---|")
@@ -474,6 +507,36 @@ func main() {
 		check("hot key utilisation", lockR.utilisation, 90, "%", true)
 		check("hot key requests per section", lockR.requests, 3, "", false)
 	}
+	if want("sep") {
+		check("hot key, 16 clients: utilisation", median(states[0].sepUtil), 90, "%", true)
+		check("hot key, 16 clients: requests per section", median(states[0].sepReqs), 3, "", false)
+		fewest := math.Inf(1)
+		for _, st := range states[1:] {
+			fewest = min(fewest, median(st.sepCmds))
+		}
+		check("16 clients: Redis commands / fewest peer's", median(states[0].sepCmds)/fewest, 1, "x", false)
+	}
+}
+
+// commands returns the commands the server has run (INFO commandstats,
+// which counts the commands scripts call too).
+func commands(rdb *goredis.Client) int64 {
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		fatal(err)
+	}
+	var n int64
+	for _, line := range strings.Split(info, "\n") {
+		_, rest, ok := strings.Cut(line, ":calls=")
+		if !ok {
+			continue
+		}
+		calls, _, _ := strings.Cut(rest, ",")
+		var c int64
+		fmt.Sscan(calls, &c)
+		n += c
+	}
+	return n
 }
 
 func runtimeProcs() int { return runtime.GOMAXPROCS(0) }

@@ -20,6 +20,7 @@ import (
 
 func TestMain(m *testing.M) {
 	conformance.MaybeContend() // a fault run's helper process
+	maybeQueueHelper()         // TestQueueAcrossProcesses's waiter process
 	goleak.VerifyTestMain(m)
 }
 

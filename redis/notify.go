@@ -260,11 +260,15 @@ func (n *notifier) released(channel, id string) {
 	if st == nil {
 		return
 	}
-	if id, fence, token, ok := parseHandover(id); ok {
+	if m, ok := parseHandover(id); ok {
 		// A handover to one place in the queue: it wakes that place
-		// only, if it is this process's.
-		if w := st.places[id]; w != nil && w.place.handoff(fence, token) {
+		// only, if it is this process's; the place now first arms its
+		// timer for the handed lock's expiry.
+		if w := st.places[m.id]; w != nil && w.place.handoff(m.fence, m.token) {
 			w.notify()
+		}
+		if w := st.places[m.next]; w != nil && m.next != "" {
+			w.place.nextAfter(m.pttl)
 		}
 		return
 	}

@@ -27,9 +27,14 @@ import (
 // on its place). The release script hands the lock to the oldest place
 // whose record lives: it sets the lock key to the record's token with the
 // record's remaining expiry, takes a new fence, deletes the record, and
-// publishes "h:ID:FENCE:TOKEN" on the key's channel; the process of that
-// place (and only it) wakes, and holds the lock with no request of its
-// own. Why that keeps the promise:
+// publishes "h:ID:FENCE:PTTL:NEXT:TOKEN" on the key's channel; the process
+// of that place (and only it) wakes, and holds the lock with no request of
+// its own. NEXT, the place first in the queue now, arms a timer for the
+// handed lock's expiry: should the new holder die without a release, NEXT
+// tries when the lock expires. A waiter whose process dies while queued
+// therefore delays the others by at most its TTL: its record (and a lock
+// handed to it) expires at most a TTL after its last refresh, and the
+// place after it tries then. Why that keeps the promise:
 //
 //   - Exclusion. The release script checks the releasing token and gives
 //     the key to the waiter in one atomic step; every other acquire finds
@@ -49,6 +54,9 @@ import (
 //     released to the next waiter. A waiter whose process dies leaves its
 //     record until it expires, at most its TTL after its last refresh, and
 //     a lock handed to it until the same moment.
+//   - A holder that expires while a place is first in the queue: that
+//     place tries at the holder's expiry (the queueing script returns the
+//     holder's remaining time, and handover messages carry it).
 //   - A lost message (a pub/sub connection that broke) delays the waiter,
 //     it does not harm anyone: the lock stays the waiter's until its
 //     expiry, and the waiter's next attempt (a resubscription wakes it, and
@@ -201,7 +209,8 @@ if v == ARGV[1] or v == ARGV[1] .. '+' then
       else
         f = redis.call('INCR', KEYS[3])
       end
-      redis.call('PUBLISH', ARGV[3], 'h:' .. h .. ':' .. f .. ':' .. t)
+      local n = redis.call('ZRANGE', KEYS[4], 0, 0)[1] or ''
+      redis.call('PUBLISH', ARGV[3], 'h:' .. h .. ':' .. f .. ':' .. p .. ':' .. n .. ':' .. t)
       return 1
     end
   end
@@ -507,19 +516,47 @@ func (b *Backend) releaseWith(ctx context.Context, lk, token, rec, id string) (i
 	return b.batch.run(ctx, queueReleaseScript, ks, token, deadMs, channelOf(lk), recordPrefixOf(lk), id).Int64()
 }
 
-// parseHandover parses a handover message "h:ID:FENCE:TOKEN".
-func parseHandover(msg string) (id string, fence uint64, token string, ok bool) {
+// handoverMsg is a handover message "h:ID:FENCE:PTTL:NEXT:TOKEN": the
+// place ID got the lock for TOKEN at FENCE, expiring in PTTL ms unless
+// renewed, and NEXT is the place first in the queue now ("" for none).
+type handoverMsg struct {
+	id, next, token string
+	fence           uint64
+	pttl            time.Duration
+}
+
+func parseHandover(msg string) (handoverMsg, bool) {
 	rest, ok := strings.CutPrefix(msg, "h:")
 	if !ok {
-		return "", 0, "", false
+		return handoverMsg{}, false
 	}
-	parts := strings.SplitN(rest, ":", 3)
-	if len(parts) != 3 {
-		return "", 0, "", false
+	parts := strings.SplitN(rest, ":", 5)
+	if len(parts) != 5 {
+		return handoverMsg{}, false
 	}
 	f, err := strconv.ParseUint(parts[1], 10, 64)
 	if err != nil || f == 0 {
-		return "", 0, "", false
+		return handoverMsg{}, false
 	}
-	return parts[0], f, parts[2], true
+	ms, err := strconv.ParseInt(parts[2], 10, 64)
+	if err != nil || ms < 0 {
+		return handoverMsg{}, false
+	}
+	return handoverMsg{id: parts[0], fence: f, pttl: time.Duration(ms) * time.Millisecond, next: parts[3], token: parts[4]}, true
+}
+
+// nextAfter arms the place's expiry timer when it became first in the
+// queue behind a lock handed over that expires in pttl: should that
+// holder die without a release, the place tries when the lock expires.
+// The notifier calls it with its lock held.
+func (p *place) nextAfter(pttl time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || !p.queued || p.handed != nil {
+		return
+	}
+	if p.expiry != nil {
+		p.expiry.Stop()
+	}
+	p.expiry = time.AfterFunc(pttl+time.Millisecond, p.wake)
 }
