@@ -252,9 +252,11 @@ func (o *ownsRedlockClients) Close() error {
 
 func (h *redlockHarness) Capabilities() backend.Capabilities {
 	// The single node's declaration (every node expires by its own PX, and
-	// the fence is durable with appendfsync always), with the maximum TTL.
+	// the fence is durable with appendfsync always), with the maximum TTL;
+	// Redlock does not queue waiters, so no FIFO.
 	c := redis.New(nil, redis.WithDurableFence(true)).Capabilities()
 	c.MaxTTL = redlockMaxTTL
+	c.FIFO = false
 	return c
 }
 
