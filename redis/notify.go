@@ -260,15 +260,18 @@ func (n *notifier) released(channel, id string) {
 	if st == nil {
 		return
 	}
-	if m, ok := parseHandover(id); ok {
-		// A handover to one place in the queue: it wakes that place
-		// only, if it is this process's; the place now first arms its
-		// timer for the handed lock's expiry.
-		if w := st.places[m.id]; w != nil && w.place.handoff(m.fence, m.token) {
+	if pid, fence, token, ok := parseHandover(id); ok {
+		// A handover to one place in the queue: it wakes that place.
+		if w := st.places[pid]; w != nil && w.place.handoff(fence, token) {
 			w.notify()
 		}
-		if w := st.places[m.next]; w != nil && m.next != "" {
-			w.place.nextAfter(m.pttl)
+		return
+	}
+	if pid, pttl, ok := parseNext(id); ok {
+		// The place is first in the queue: it arms its timer for the
+		// handed lock's expiry.
+		if w := st.places[pid]; w != nil {
+			w.place.nextAfter(pttl)
 		}
 		return
 	}

@@ -27,11 +27,11 @@ import (
 // on its place). The release script hands the lock to the oldest place
 // whose record lives: it sets the lock key to the record's token with the
 // record's remaining expiry, takes a new fence, deletes the record, and
-// publishes "h:ID:FENCE:PTTL:NEXT:TOKEN" on the key's channel; the process
-// of that place (and only it) wakes, and holds the lock with no request of
-// its own. NEXT, the place first in the queue now, arms a timer for the
-// handed lock's expiry: should the new holder die without a release, NEXT
-// tries when the lock expires. A waiter whose process dies while queued
+// publishes "h:ID:FENCE:TOKEN" on the channel of that place's backend and
+// key (named in the record): that process alone hears it, and holds the
+// lock with no request of its own. The place first in the queue now is
+// told "n:ID:PTTL", and arms a timer for the handed lock's expiry: should
+// the new holder die without a release, it tries when the lock expires. A waiter whose process dies while queued
 // therefore delays the others by at most its TTL: its record (and a lock
 // handed to it) expires at most a TTL after its last refresh, and the
 // place after it tries then. Why that keeps the promise:
@@ -84,17 +84,18 @@ func recordPrefixOf(lockKey string) string { return lockKey + ":w:" }
 var (
 	// placeAcquireScript: KEYS = lock, fence, dead token, next, queue,
 	// record[, the slot's fence counter]; ARGV = token, ttl ms, place id,
-	// the place's previous token ('' for none), record prefix, channel.
-	// Returns {the fence} (> 0) when it took the lock, or {minus the
-	// holder's PTTL (<= 0), 1 when the place is first in the queue, else
-	// 0} after queueing the place ({0, 0} when the key is free but others
-	// queue first), or the error DEAD for a released token.
+	// the place's previous token ('' for none), record prefix, the place's
+	// channel. Returns {the fence} (> 0) when it took the lock, or {minus
+	// the holder's PTTL (<= 0), 1 when the place is first in the queue,
+	// else 0} after queueing the place ({0, 0} when the key is free but
+	// others queue first: the script wakes the first of them), or the
+	// error DEAD for a released token. A record's value is the token and
+	// the place's channel, separated by a space.
 	//
 	// A lock held by the place's previous token was handed to the place,
 	// which did not take it (it learned of it too late): the script takes
 	// it over for token as a new grant, with a new fence and the TTL from
-	// this request. The handover gave a lock with others queued behind it
-	// the mark ('+'), as every queued acquire does.
+	// this request.
 	placeAcquireScript = goredis.NewScript(`
 if redis.call('EXISTS', KEYS[3]) == 1 then
   return redis.error_reply('DEAD token released before')
@@ -133,50 +134,64 @@ end
 if ARGV[4] ~= '' and (v == ARGV[4] or v == ARGV[4] .. '+') then
   return grant(string.byte(v, -1) == 43)
 end
-local head
-while true do
-  local h = redis.call('ZRANGE', KEYS[5], 0, 0)[1]
-  if not h or h == ARGV[3] or redis.call('EXISTS', ARGV[5] .. h) == 1 then
-    head = h
-    break
-  end
-  redis.call('ZREM', KEYS[5], h)
-end
 if not v then
-  if not head or head == ARGV[3] then
-    local n = redis.call('ZCARD', KEYS[5])
-    if head then n = n - 1 end
-    return grant(n > 0)
+  local head
+  while true do
+    local h = redis.call('ZRANGE', KEYS[5], 0, 0)[1]
+    if not h or h == ARGV[3] then
+      head = h
+      break
+    end
+    local r = redis.call('GET', ARGV[5] .. h)
+    if r then
+      local sp = string.find(r, ' ', 1, true)
+      if sp then
+        redis.call('PUBLISH', string.sub(r, sp + 1), 'w:' .. h)
+      end
+      head = h
+      break
+    end
+    redis.call('ZREM', KEYS[5], h)
   end
-  redis.call('PUBLISH', ARGV[6], 'w:' .. head)
+  if not head or head == ARGV[3] then
+    local n = 0
+    if head then n = 1 end
+    return grant(redis.call('ZCARD', KEYS[5]) > n)
+  end
 elseif string.byte(v, -1) ~= 43 then
   redis.call('APPEND', KEYS[1], '+')
 end
-redis.call('SET', KEYS[6], ARGV[1], 'PX', ARGV[2])
+redis.call('SET', KEYS[6], ARGV[1] .. ' ' .. ARGV[6], 'PX', ARGV[2])
+local first = 0
 if not redis.call('ZSCORE', KEYS[5], ARGV[3]) then
   local last = redis.call('ZRANGE', KEYS[5], -1, -1, 'WITHSCORES')
-  local s = 1
-  if last[2] then s = tonumber(last[2]) + 1 end
-  redis.call('ZADD', KEYS[5], s, ARGV[3])
-end
-if redis.call('PTTL', KEYS[5]) < tonumber(ARGV[2]) then
-  redis.call('PEXPIRE', KEYS[5], ARGV[2])
+  if last[2] then
+    redis.call('ZADD', KEYS[5], tonumber(last[2]) + 1, ARGV[3])
+    redis.call('PEXPIRE', KEYS[5], ARGV[2], 'GT')
+  else
+    first = 1
+    redis.call('ZADD', KEYS[5], 1, ARGV[3])
+    redis.call('PEXPIRE', KEYS[5], ARGV[2])
+  end
+else
+  if redis.call('ZRANK', KEYS[5], ARGV[3]) == 0 then first = 1 end
+  redis.call('PEXPIRE', KEYS[5], ARGV[2], 'GT')
 end
 if not v then return {0, 0} end
 local p = redis.call('PTTL', KEYS[1])
 if p < 0 then p = 0 end
-local first = 0
-if not head or head == ARGV[3] then first = 1 end
 return {-p, first}`)
 
 	// queueReleaseScript is the single deployment's release: KEYS = lock,
-	// dead token, fence, queue, the releasing place's record ('' for
-	// none)[, the slot's fence counter]; ARGV = token, tombstone ms,
-	// channel, record prefix, the releasing place's id ('' for none).
-	// Returns as releaseScript. It removes the releasing place from the
-	// queue, then, when token holds the lock, hands it to the oldest
-	// place whose record lives and whose token is not dead (see above),
-	// or deletes it (publishing the token when a waiter marked it).
+	// dead token, fence, queue, the releasing place's record[, the slot's
+	// fence counter]; ARGV = token, tombstone ms, the key's channel,
+	// record prefix, the releasing place's id ('' for none). Returns as
+	// releaseScript. It removes the releasing place from the queue, then,
+	// when token holds the lock, hands it to the oldest place whose record
+	// lives and whose token is not dead (see above), publishing
+	// "h:ID:FENCE:TOKEN" on that place's channel and "n:ID:PTTL" on the
+	// channel of the place now first; or deletes it (publishing the token
+	// on the key's channel when a waiter marked it).
 	queueReleaseScript = goredis.NewScript(`
 if ARGV[5] ~= '' then
   redis.call('ZREM', KEYS[4], ARGV[5])
@@ -186,32 +201,44 @@ local v = redis.call('GET', KEYS[1])
 if v == ARGV[1] or v == ARGV[1] .. '+' then
   redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
   while true do
-    local h = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
+    local hs = redis.call('ZRANGE', KEYS[4], 0, 1)
+    local h = hs[1]
     if not h then break end
     redis.call('ZREM', KEYS[4], h)
     local r = ARGV[4] .. h
-    local t = redis.call('GET', r)
-    local p = redis.call('PTTL', r)
-    if t and p > 0 and redis.call('EXISTS', KEYS[1] .. ':dead:' .. t) == 0 then
-      local val = t
-      if redis.call('ZCARD', KEYS[4]) > 0 then val = t .. '+' end
-      redis.call('SET', KEYS[1], val, 'PX', p)
-      redis.call('DEL', r)
-      local f
-      if KEYS[6] then
-        f = redis.call('INCR', KEYS[6])
-        local old = tonumber(redis.call('GET', KEYS[3]) or '0')
-        if old >= f then
-          f = old + 1
-          redis.call('SET', KEYS[6], f)
+    local rv = redis.call('GET', r)
+    local sp = rv and string.find(rv, ' ', 1, true)
+    local p = 0
+    if sp then p = redis.call('PTTL', r) end
+    if p > 0 then
+      local t = string.sub(rv, 1, sp - 1)
+      if redis.call('EXISTS', KEYS[1] .. ':dead:' .. t) == 0 then
+        local val = t
+        if hs[2] then val = t .. '+' end
+        redis.call('SET', KEYS[1], val, 'PX', p)
+        redis.call('DEL', r)
+        local f
+        if KEYS[6] then
+          f = redis.call('INCR', KEYS[6])
+          local old = tonumber(redis.call('GET', KEYS[3]) or '0')
+          if old >= f then
+            f = old + 1
+            redis.call('SET', KEYS[6], f)
+          end
+          redis.call('SET', KEYS[3], f, 'PX', p)
+        else
+          f = redis.call('INCR', KEYS[3])
         end
-        redis.call('SET', KEYS[3], f, 'PX', p)
-      else
-        f = redis.call('INCR', KEYS[3])
+        redis.call('PUBLISH', string.sub(rv, sp + 1), 'h:' .. h .. ':' .. f .. ':' .. t)
+        if hs[2] then
+          local nv = redis.call('GET', ARGV[4] .. hs[2])
+          local nsp = nv and string.find(nv, ' ', 1, true)
+          if nsp then
+            redis.call('PUBLISH', string.sub(nv, nsp + 1), 'n:' .. hs[2] .. ':' .. p)
+          end
+        end
+        return 1
       end
-      local n = redis.call('ZRANGE', KEYS[4], 0, 0)[1] or ''
-      redis.call('PUBLISH', ARGV[3], 'h:' .. h .. ':' .. f .. ':' .. p .. ':' .. n .. ':' .. t)
-      return 1
     end
   end
   redis.call('DEL', KEYS[1])
@@ -233,9 +260,7 @@ return 0`)
 if redis.call('PEXPIRE', KEYS[1], ARGV[1]) == 0 then
   return 0
 end
-if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[1]) then
-  redis.call('PEXPIRE', KEYS[2], ARGV[1])
-end
+redis.call('PEXPIRE', KEYS[2], ARGV[1], 'GT')
 return 1`)
 )
 
@@ -321,7 +346,7 @@ func (p *place) Acquire(ctx context.Context, token string, ttl time.Duration) (b
 	if err := b.check(); err != nil {
 		return backend.Grant{}, err
 	}
-	ch := channelOf(p.lk)
+	ch := p.channel()
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
@@ -516,33 +541,42 @@ func (b *Backend) releaseWith(ctx context.Context, lk, token, rec, id string) (i
 	return b.batch.run(ctx, queueReleaseScript, ks, token, deadMs, channelOf(lk), recordPrefixOf(lk), id).Int64()
 }
 
-// handoverMsg is a handover message "h:ID:FENCE:PTTL:NEXT:TOKEN": the
-// place ID got the lock for TOKEN at FENCE, expiring in PTTL ms unless
-// renewed, and NEXT is the place first in the queue now ("" for none).
-type handoverMsg struct {
-	id, next, token string
-	fence           uint64
-	pttl            time.Duration
-}
+// channel returns the channel the place's messages come on: one per key
+// and backend, so that a handover wakes the waiter's process alone.
+func (p *place) channel() string { return channelOf(p.lk) + ":" + p.b.id }
 
-func parseHandover(msg string) (handoverMsg, bool) {
+// parseHandover parses a handover message "h:ID:FENCE:TOKEN": the place ID
+// got the lock for TOKEN at FENCE.
+func parseHandover(msg string) (id string, fence uint64, token string, ok bool) {
 	rest, ok := strings.CutPrefix(msg, "h:")
 	if !ok {
-		return handoverMsg{}, false
+		return "", 0, "", false
 	}
-	parts := strings.SplitN(rest, ":", 5)
-	if len(parts) != 5 {
-		return handoverMsg{}, false
+	parts := strings.SplitN(rest, ":", 3)
+	if len(parts) != 3 {
+		return "", 0, "", false
 	}
 	f, err := strconv.ParseUint(parts[1], 10, 64)
 	if err != nil || f == 0 {
-		return handoverMsg{}, false
+		return "", 0, "", false
 	}
-	ms, err := strconv.ParseInt(parts[2], 10, 64)
-	if err != nil || ms < 0 {
-		return handoverMsg{}, false
+	return parts[0], f, parts[2], true
+}
+
+// parseNext parses a message "n:ID:PTTL": the place ID is first in the
+// queue behind a lock just handed over, which expires in PTTL ms unless
+// renewed.
+func parseNext(msg string) (id string, pttl time.Duration, ok bool) {
+	rest, ok := strings.CutPrefix(msg, "n:")
+	if !ok {
+		return "", 0, false
 	}
-	return handoverMsg{id: parts[0], fence: f, pttl: time.Duration(ms) * time.Millisecond, next: parts[3], token: parts[4]}, true
+	id, n, ok := strings.Cut(rest, ":")
+	ms, err := strconv.ParseInt(n, 10, 64)
+	if !ok || err != nil || ms < 0 {
+		return "", 0, false
+	}
+	return id, time.Duration(ms) * time.Millisecond, true
 }
 
 // nextAfter arms the place's expiry timer when it became first in the

@@ -148,6 +148,7 @@ package redis
 
 import (
 	"context"
+	crand "crypto/rand"
 	"crypto/sha1"
 	"encoding/hex"
 	"fmt"
@@ -246,6 +247,7 @@ func withOwnClients() Option { return func(o *options) { o.ownClients = true } }
 // Backend is the single-deployment Redis backend. It implements
 // backend.Backend, backend.Notifier, backend.Describer and backend.Inspector.
 type Backend struct {
+	id     string // names the backend's queue channels (see queue.go)
 	rdb    Client
 	batch  *batcher
 	opts   options
@@ -271,7 +273,9 @@ func New(rdb Client, opts ...Option) *Backend {
 			f(&o)
 		}
 	}
-	return &Backend{rdb: rdb, batch: newBatcher(rdb, o.ownClients), opts: o, notify: newNotifier(o.ownClients, rdb)}
+	var id [8]byte
+	crand.Read(id[:])
+	return &Backend{id: hex.EncodeToString(id[:]), rdb: rdb, batch: newBatcher(rdb, o.ownClients), opts: o, notify: newNotifier(o.ownClients, rdb)}
 }
 
 // keys returns the Redis keys of a lock: the lock key and its fence
@@ -359,8 +363,7 @@ func ms(ttl time.Duration) int64 {
 var (
 	// acquireScript: KEYS = lock, fence, dead token, next (see
 	// transferScript)[, the slot's fence counter (see fence.go)]; ARGV =
-	// token, ttl ms[, the queue, its record prefix, the channel (see
-	// queue.go)]. Returns the fence (> 0) when it took the lock, or
+	// token, ttl ms[, the queue and its record prefix (see queue.go)]. Returns the fence (> 0) when it took the lock, or
 	// minus the holder's PTTL (<= 0) after marking the lock as waited
 	// for, or the error DEAD for a released token. With the queue, a free
 	// key is not taken while a place with a live record queues: the
@@ -384,8 +387,10 @@ if ARGV[3] and redis.call('EXISTS', ARGV[3]) == 1 and redis.call('EXISTS', KEYS[
   while true do
     local h = redis.call('ZRANGE', ARGV[3], 0, 0)[1]
     if not h then break end
-    if redis.call('EXISTS', ARGV[4] .. h) == 1 then
-      redis.call('PUBLISH', ARGV[5], 'w:' .. h)
+    local r = redis.call('GET', ARGV[4] .. h)
+    local sp = r and string.find(r, ' ', 1, true)
+    if sp then
+      redis.call('PUBLISH', string.sub(r, sp + 1), 'w:' .. h)
       return 0
     end
     redis.call('ZREM', ARGV[3], h)
@@ -576,7 +581,7 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	if sk := b.opts.slotFenceKey(lk); sk != "" {
 		ks = append(ks, sk)
 	}
-	res, err := b.batch.run(ctx, acquireScript, ks, token, ms(ttl), queueKeyOf(lk), recordPrefixOf(lk), channelOf(lk)).Int64()
+	res, err := b.batch.run(ctx, acquireScript, ks, token, ms(ttl), queueKeyOf(lk), recordPrefixOf(lk)).Int64()
 	if err != nil {
 		return backend.Grant{}, acquireErr(err)
 	}
