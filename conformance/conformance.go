@@ -44,6 +44,8 @@
 //	HandoverFails                backend.Transferer, ReplyHolder
 //	WakeOnRelease                backend.Notifier
 //	FIFOOrder                    Capabilities.FIFO (checks only then)
+//	HotKeyRequests               Capabilities.FIFO and RequestCounter
+//	                             (checks only then)
 //	InspectAfterExpiry,          backend.Inspector
 //	DeadlineWithinStore,
 //	RetriedAcquire,
@@ -217,6 +219,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness, opts ...Option) {
 		{"ReleaseAfterExpiry", s.releaseAfterExpiry},
 		{"WakeOnRelease", s.wakeOnRelease},
 		{"FIFOOrder", s.fifoOrder},
+		{"HotKeyRequests", s.hotKeyRequests},
 		{"InspectAfterExpiry", s.inspectAfterExpiry},
 		{"FenceAfterIdle", s.fenceAfterIdle},
 		{"TokenShape", s.tokenShape},

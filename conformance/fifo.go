@@ -1,6 +1,7 @@
 package conformance
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -99,5 +100,90 @@ func (s *suite) fifoOrder(t *testing.T) {
 		if w != i {
 			t.Fatalf("waiters served in the order %v; want 0..%d, the order the store saw them wait", got, waiters-1)
 		}
+	}
+}
+
+// RequestCounter is an optional Harness hook: the requests that every
+// backend the harness returned has sent to the store so far (client
+// requests: a script or a transaction counts once). The HotKeyRequests case
+// uses it.
+type RequestCounter interface {
+	Requests() int64
+}
+
+// hotKeyClients and hotKeyHold shape HotKeyRequests: separate clients on
+// one key, each holding it this long per section.
+const (
+	hotKeyClients = 8
+	hotKeyHold    = time.Millisecond
+	hotKeyRun     = 2 * time.Second
+	// hotKeyMaxRequests bounds the requests per section of a store that
+	// queues its waiters: a release that wakes one waiter costs a few
+	// requests (the release, the waiter's queueing, its wake-up); one
+	// that wakes all of them costs about one per waiter.
+	hotKeyMaxRequests = 4
+)
+
+// hotKeyRequests: for a store that declares FIFO (its waiters queue, so a
+// release wakes one), separate clients contending for one key, each
+// holding it 1ms per section, cost at most hotKeyMaxRequests requests per
+// section, counted by the harness (RequestCounter); sections never
+// overlap.
+func (s *suite) hotKeyRequests(t *testing.T) {
+	rc, ok := s.h.(RequestCounter)
+	if !s.caps.FIFO || !ok {
+		t.Log("the store does not declare FIFO, or the harness counts no requests (RequestCounter)")
+		return
+	}
+	ctx := s.ctx(t)
+	key := s.key(t)
+	var clients []*lock.Client
+	for range hotKeyClients {
+		clients = append(clients, s.clientOver(t, s.backend(t), lock.WithTTL(s.long)))
+	}
+	// Warm up: every client reaches the store once.
+	for _, c := range clients {
+		l, err := c.Acquire(ctx, key)
+		if err != nil {
+			t.Fatalf("Acquire: %v", err)
+		}
+		l.Release(ctx)
+	}
+	before := rc.Requests()
+	rctx, cancel := context.WithTimeout(ctx, hotKeyRun)
+	defer cancel()
+	var sections, inside atomic.Int64
+	var wg sync.WaitGroup
+	for _, c := range clients {
+		wg.Go(func() {
+			for rctx.Err() == nil {
+				l, err := c.Acquire(rctx, key)
+				if err != nil {
+					if rctx.Err() == nil {
+						t.Errorf("Acquire: %v", err)
+					}
+					return
+				}
+				if inside.Add(1) != 1 {
+					t.Error("two sections of one key overlap")
+				}
+				time.Sleep(hotKeyHold) // the section's work
+				inside.Add(-1)
+				sections.Add(1)
+				if err := l.Release(ctx); err != nil {
+					t.Errorf("Release: %v", err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	n := sections.Load()
+	if n < 10 {
+		t.Fatalf("%d sections in %v; want at least 10", n, hotKeyRun)
+	}
+	per := float64(rc.Requests()-before) / float64(n)
+	t.Logf("%d separate clients on one key: %d sections in %v, %.1f requests per section", hotKeyClients, n, hotKeyRun, per)
+	if per > hotKeyMaxRequests {
+		t.Errorf("%.1f requests per section with %d separate clients on one key; a store that queues its waiters should need at most %d", per, hotKeyClients, hotKeyMaxRequests)
 	}
 }

@@ -3,8 +3,13 @@ package etcd_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/distlock/lock/backend"
 	"github.com/distlock/lock/conformance"
@@ -17,8 +22,49 @@ import (
 // it through a fault proxy of its own.
 type harness struct {
 	faultproxy.Hooks
-	t   *testing.T
-	srv *serverproc.Process
+	t        *testing.T
+	srv      *serverproc.Process
+	requests atomic.Int64 // gRPC calls and stream messages of every client
+}
+
+// Requests implements conformance.RequestCounter: the gRPC calls the
+// harness's clients made, the streams they opened and the messages they
+// sent on streams (keep-alives, watch requests).
+func (h *harness) Requests() int64 { return h.requests.Load() }
+
+// countingClient returns a client of addr that counts its requests in n.
+func countingClient(t testing.TB, addr string, n *atomic.Int64) *clientv3.Client {
+	t.Helper()
+	unary := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		n.Add(1)
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	stream := func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		n.Add(1)
+		s, err := streamer(ctx, desc, cc, method, opts...)
+		if err != nil {
+			return nil, err
+		}
+		return countedStream{s, n}, nil
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{addr}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(unary), grpc.WithChainStreamInterceptor(stream)}})
+	if err != nil {
+		t.Fatalf("clientv3.New: %v", err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// countedStream counts the messages sent on a stream.
+type countedStream struct {
+	grpc.ClientStream
+	n *atomic.Int64
+}
+
+func (c countedStream) SendMsg(m any) error {
+	c.n.Add(1)
+	return c.ClientStream.SendMsg(m)
 }
 
 var (
@@ -46,7 +92,7 @@ func (o *owned) Close() error {
 
 func (h *harness) NewBackend(context.Context) (backend.Backend, error) {
 	px := faultproxy.Start(h.t, h.srv.Addr)
-	cli := newClient(h.t, px.Addr)
+	cli := countingClient(h.t, px.Addr, &h.requests)
 	b, err := etcd.New(cli, etcd.WithElectionTimeout(electionTimeout))
 	if err != nil {
 		cli.Close()

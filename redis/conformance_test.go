@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -30,9 +31,10 @@ func newGoRedis(t testing.TB, addr string) *goredis.Client { return redistest.Cl
 // proxied hands out clients that each reach the servers through their own
 // TCP proxies, so one client can be cut off.
 type proxied struct {
-	t       *testing.T
-	mu      sync.Mutex
-	proxies map[backend.Backend][]*faultproxy.Proxy
+	t        *testing.T
+	requests requestCount
+	mu       sync.Mutex
+	proxies  map[backend.Backend][]*faultproxy.Proxy
 }
 
 func (p *proxied) clientsOf(addrs []string) ([]*goredis.Client, []*faultproxy.Proxy) {
@@ -41,9 +43,34 @@ func (p *proxied) clientsOf(addrs []string) ([]*goredis.Client, []*faultproxy.Pr
 	for _, a := range addrs {
 		px := faultproxy.Start(p.t, a)
 		proxies = append(proxies, px)
-		rdbs = append(rdbs, newGoRedis(p.t, px.Addr))
+		rdb := newGoRedis(p.t, px.Addr)
+		rdb.AddHook(&p.requests)
+		rdbs = append(rdbs, rdb)
 	}
 	return rdbs, proxies
+}
+
+// Requests implements conformance.RequestCounter: the commands and
+// scripts the harness's clients sent (pub/sub subscriptions aside).
+func (p *proxied) Requests() int64 { return p.requests.n.Load() }
+
+// requestCount is a go-redis hook that counts requests.
+type requestCount struct{ n atomic.Int64 }
+
+func (c *requestCount) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (c *requestCount) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		c.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (c *requestCount) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		c.n.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
 }
 
 func (p *proxied) remember(b backend.Backend, proxies []*faultproxy.Proxy) {
