@@ -14,9 +14,19 @@
 // a PX expiry; if not, it returns the holder's remaining PTTL, so waiters
 // sleep no longer than needed. The counter key is hash-tagged with the lock
 // key ("lock:{KEY}" and "lock:{KEY}:fence"), so Redis Cluster keeps both in
-// one slot. Renew and release are compare-by-token scripts; release also
-// PUBLISHes on the key's channel, and waiters subscribed to it wake at once
-// instead of polling. Scripts run with EVALSHA and fall back to EVAL when the
+// one slot. Renew and release are compare-by-token scripts.
+//
+// Waiting Acquires queue in Redis (see queue.go for the argument): one that
+// finds the key held puts its place in the key's queue in the same script,
+// and the release script hands the lock to the oldest waiter whose place
+// is alive, counting the waiter's validity from its own queueing request,
+// and publishes the handover to that waiter's process alone. A release
+// wakes one waiter, which holds the lock without a request of its own;
+// waiters of every process are served in the order they queued (FIFO,
+// declared in Capabilities), and TryAcquire does not take a free key
+// ahead of them. A waiter whose process dies while queued delays the
+// others by at most its TTL. Redlock does not queue: its waiters subscribe
+// to release messages and wake at once instead of polling. Scripts run with EVALSHA and fall back to EVAL when the
 // server's script cache was flushed. An acquire that go-redis retried after
 // a lost reply finds its own token and reports the lock as taken.
 //
@@ -59,7 +69,9 @@
 //
 // Per lock key, the backend writes the lock "PREFIX{KEY}" (with the
 // lease's expiry), "PREFIX{KEY}:next" while a handover reserved a fence
-// (expires with the lock), "PREFIX{KEY}:dead:TOKEN" per release (a
+// (expires with the lock), the waiters' queue "PREFIX{KEY}:q" and one
+// record "PREFIX{KEY}:w:ID" per waiter while any wait (each expires a TTL
+// after its waiter's last refresh), "PREFIX{KEY}:dead:TOKEN" per release (a
 // tombstone of about 100 bytes that lives 15 seconds), and the fence
 // counter "PREFIX{KEY}:fence", which has no expiry: a fence must be greater
 // than every fence granted before for the key, also after the lock itself
@@ -245,7 +257,8 @@ func WithAllowFewNodes(on bool) Option { return func(o *options) { o.fewNodes = 
 func withOwnClients() Option { return func(o *options) { o.ownClients = true } }
 
 // Backend is the single-deployment Redis backend. It implements
-// backend.Backend, backend.Notifier, backend.Describer and backend.Inspector.
+// backend.Backend, backend.Queuer (and so backend.Notifier),
+// backend.Transferer, backend.Describer and backend.Inspector.
 type Backend struct {
 	id     string // names the backend's queue channels (see queue.go)
 	rdb    Client
