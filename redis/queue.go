@@ -31,10 +31,13 @@ import (
 // key (named in the record): that process alone hears it, and holds the
 // lock with no request of its own. The place first in the queue now is
 // told "n:ID:PTTL", and arms a timer for the handed lock's expiry: should
-// the new holder die without a release, it tries when the lock expires. A waiter whose process dies while queued
-// therefore delays the others by at most its TTL: its record (and a lock
-// handed to it) expires at most a TTL after its last refresh, and the
-// place after it tries then. Why that keeps the promise:
+// the new holder die without a release, it tries when the lock expires. A
+// waiter whose process dies while queued therefore delays the others by at
+// most its TTL: its record (and a lock handed to it) expires at most a TTL
+// after its last refresh, and the place after it tries then. (When the
+// holder before it expired too, without a release, the place after it
+// learns it from its own retry, which package lock makes at least every
+// TTL: up to twice the TTL.) Why that keeps the promise:
 //
 //   - Exclusion. The release script checks the releasing token and gives
 //     the key to the waiter in one atomic step; every other acquire finds

@@ -25,7 +25,8 @@
 // waiters of every process are served in the order they queued (FIFO,
 // declared in Capabilities), and TryAcquire does not take a free key
 // ahead of them. A waiter whose process dies while queued delays the
-// others by at most its TTL. Redlock does not queue: its waiters subscribe
+// others by at most its TTL (twice that if the holder before it also
+// expired without a release). Redlock does not queue: its waiters subscribe
 // to release messages and wake at once instead of polling. Scripts run with EVALSHA and fall back to EVAL when the
 // server's script cache was flushed. An acquire that go-redis retried after
 // a lost reply finds its own token and reports the lock as taken.
