@@ -2,9 +2,6 @@ package consul_test
 
 import (
 	"context"
-	crand "crypto/rand"
-	"encoding/hex"
-	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -16,95 +13,18 @@ import (
 	"github.com/distlock/lock/conformance/faultproxy"
 	"github.com/distlock/lock/consul"
 	"github.com/distlock/lock/internal/consultest"
+	"github.com/distlock/lock/internal/queuetest"
 )
 
 const queueTTL = 10 * time.Second
 
-func newToken() string {
-	var b [16]byte
-	crand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
-
-// waiter is a place in a key's queue that found the key held.
-type waiter struct {
-	q   backend.Queue
-	tok string
-	// The place's first Acquire began, and its latest ended: its session
-	// was created or renewed in between, and not since (the tests are
-	// shorter than a third of queueTTL).
-	began, ended time.Time
-}
-
-// queueUp makes a waiter of b for key: an acquire through a new place that
-// finds the key held, and so queues.
-func queueUp(ctx context.Context, t *testing.T, b backend.Queuer, key string) *waiter {
+// queueUp makes a waiter of b for key (see queuetest.Queue).
+func queueUp(ctx context.Context, t *testing.T, b backend.Queuer, key string) *queuetest.Waiter {
 	t.Helper()
-	q, err := b.Queue(key)
-	if err != nil {
-		t.Fatalf("Queue: %v", err)
-	}
-	t.Cleanup(func() { q.Close(false) })
-	w := &waiter{q: q}
-	w.try(ctx, t, key)
-	return w
+	return queuetest.Queue(ctx, t, b, key, queueTTL)
 }
 
-// try acquires through the place, which must find the key held.
-func (w *waiter) try(ctx context.Context, t *testing.T, key string) {
-	t.Helper()
-	tok := newToken()
-	began := time.Now()
-	if _, err := w.q.Acquire(ctx, tok, queueTTL); !errors.Is(err, backend.ErrLocked) {
-		t.Fatalf("Acquire of %q through a place, the key held: %v; want ErrLocked", key, err)
-	}
-	if w.began.IsZero() {
-		w.began = began
-	}
-	w.tok, w.ended = tok, time.Now()
-}
-
-// woken waits for w's wake-up.
-func (w *waiter) woken(t *testing.T, who string) {
-	t.Helper()
-	select {
-	case <-w.q.C():
-	case <-time.After(5 * time.Second):
-		t.Fatalf("%s was not woken within 5s", who)
-	}
-}
-
-// notWoken fails t if w has a wake-up.
-func (w *waiter) notWoken(t *testing.T, who string) {
-	t.Helper()
-	select {
-	case <-w.q.C():
-		t.Errorf("%s was woken, though not at the head of the queue", who)
-	default:
-	}
-}
-
-// handed waits for the handover to w and returns it; w's place closes
-// with the lock taken.
-func (w *waiter) handed(t *testing.T, who string) backend.Handover {
-	t.Helper()
-	w.woken(t, who)
-	h, ok := w.q.Handed()
-	if !ok {
-		t.Fatalf("%s was woken, but nothing was handed to it", who)
-	}
-	if h.Token != w.tok || h.Fence == 0 || h.Since.IsZero() || h.TTL != queueTTL {
-		t.Fatalf("%s was handed %+v; want its token %s, a fence, a send time and the TTL %v", who, h, w.tok, queueTTL)
-	}
-	// The validity counts from the waiter's own request (the creation or
-	// renewal of its session when it queued), not from the handover.
-	if h.Since.Before(w.began) || h.Since.After(w.ended) {
-		t.Fatalf("%s's handed lock counts from %v after it began to queue; want a request of its queueing, between 0 and %v",
-			who, h.Since.Sub(w.began), w.ended.Sub(w.began))
-	}
-	w.q.Close(true)
-	return h
-}
+var newToken = queuetest.NewToken
 
 // entries lists the entries under the default prefix, from outside.
 func entries(t *testing.T, cli *api.Client) api.KVPairs {
@@ -143,7 +63,7 @@ func TestQueueHandsOverInOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	var bs []*owns
-	var ws []*waiter
+	var ws []*queuetest.Waiter
 	for range 3 {
 		b, _ := newBackend(t, agent.Addr)
 		bs = append(bs, b)
@@ -155,9 +75,9 @@ func TestQueueHandsOverInOrder(t *testing.T) {
 	prev := g.Fence
 	for i, w := range ws {
 		who := []string{"the first waiter", "the second waiter", "the third waiter"}[i]
-		h := w.handed(t, who)
+		h := w.Handed(t, who)
 		for _, later := range ws[i+1:] {
-			later.notWoken(t, "a later waiter")
+			later.NotWoken(t, "a later waiter")
 		}
 		if h.Fence <= prev {
 			t.Fatalf("%s was handed fence %d after %d; want it greater", who, h.Fence, prev)
@@ -197,7 +117,7 @@ func TestQueueRecordVanishes(t *testing.T) {
 	// Destroy the first waiter's session from outside.
 	var sess string
 	for _, kv := range entries(t, cli) {
-		if strings.Contains(kv.Key, "/q/") && strings.HasSuffix(string(kv.Value), w1.tok) {
+		if strings.Contains(kv.Key, "/q/") && strings.HasSuffix(string(kv.Value), w1.Token) {
 			sess = kv.Session
 		}
 	}
@@ -207,24 +127,24 @@ func TestQueueRecordVanishes(t *testing.T) {
 	if _, err := cli.Session().Destroy(sess, nil); err != nil {
 		t.Fatal(err)
 	}
-	w1.woken(t, "the waiter whose session went")
-	if _, ok := w1.q.Handed(); ok {
+	w1.WakeUp(t, "the waiter whose session went")
+	if _, ok := w1.Q.Handed(); ok {
 		t.Fatal("a waiter whose session went was handed the lock")
 	}
 	if err := holder.Release(ctx, "k", tok); err != nil {
 		t.Fatal(err)
 	}
-	h := w2.handed(t, "the second waiter")
+	h := w2.Handed(t, "the second waiter")
 	holderIs(ctx, t, b2, "k", h.Token, h.Fence)
-	if _, ok := w1.q.Handed(); ok {
+	if _, ok := w1.Q.Handed(); ok {
 		t.Fatal("a waiter whose session went was handed the lock")
 	}
 	// Its next attempt queues it again, with a new session.
-	w1.try(ctx, t, "k")
+	w1.Try(ctx, t, "k")
 	if err := b2.Release(ctx, "k", h.Token); err != nil {
 		t.Fatal(err)
 	}
-	h1 := w1.handed(t, "the waiter that queued again")
+	h1 := w1.Handed(t, "the waiter that queued again")
 	if err := b1.Release(ctx, "k", h1.Token); err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +162,7 @@ func TestQueueGivingUpLeavesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := queueUp(ctx, t, b1, "k")
-	w.q.Close(false)
+	w.Q.Close(false)
 	waitFor(t, "the record of a waiter that gave up to go", func() bool { return len(entries(t, cli)) == 1 })
 	if err := holder.Release(ctx, "k", tok); err != nil {
 		t.Fatal(err)
@@ -258,11 +178,11 @@ func TestQueueGivingUpLeavesNothing(t *testing.T) {
 	if err := holder.Release(ctx, "k", tok); err != nil {
 		t.Fatal(err)
 	}
-	w.woken(t, "the waiter")
-	if _, ok := w.q.Handed(); !ok {
+	w.WakeUp(t, "the waiter")
+	if _, ok := w.Q.Handed(); !ok {
 		t.Fatal("nothing handed to the waiter")
 	}
-	w.q.Close(false)
+	w.Q.Close(false)
 	waitFor(t, "the lock handed to a waiter that gave up to be freed", func() bool { return len(entries(t, cli)) == 0 })
 	if _, err := holder.Acquire(ctx, "k", newToken(), queueTTL); err != nil {
 		t.Fatalf("Acquire after the waiter gave up: %v", err)

@@ -2,100 +2,26 @@ package redis_test
 
 import (
 	"context"
-	crand "crypto/rand"
-	"encoding/hex"
 	"errors"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/internal/queuetest"
 	"github.com/distlock/lock/internal/redistest"
 	"github.com/distlock/lock/redis"
 )
 
 const queueTTL = 10 * time.Second
 
-func newQueueToken() string {
-	var b [16]byte
-	crand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
-
-// queued is a place in a key's queue that found the key held.
-type queued struct {
-	q   backend.Queue
-	tok string
-	// The place's first Acquire began, and its latest ended: the record
-	// was written in between, and not refreshed since (the tests are
-	// shorter than a third of queueTTL).
-	began, ended time.Time
-}
-
-func queueUpOn(ctx context.Context, t *testing.T, b *redis.Backend, key string) *queued {
+// queueUpOn makes a waiter of b for key (see queuetest.Queue).
+func queueUpOn(ctx context.Context, t *testing.T, b *redis.Backend, key string) *queuetest.Waiter {
 	t.Helper()
-	q, err := b.Queue(key)
-	if err != nil {
-		t.Fatalf("Queue: %v", err)
-	}
-	t.Cleanup(func() { q.Close(false) })
-	w := &queued{q: q}
-	w.try(ctx, t, key)
-	return w
+	return queuetest.Queue(ctx, t, b, key, queueTTL)
 }
 
-func (w *queued) try(ctx context.Context, t *testing.T, key string) {
-	t.Helper()
-	tok := newQueueToken()
-	began := time.Now()
-	if _, err := w.q.Acquire(ctx, tok, queueTTL); !errors.Is(err, backend.ErrLocked) {
-		t.Fatalf("Acquire of %q through a place, the key held: %v; want ErrLocked", key, err)
-	}
-	if w.began.IsZero() {
-		w.began = began
-	}
-	w.tok, w.ended = tok, time.Now()
-}
-
-// wakeUp waits for w's wake-up.
-func (w *queued) wakeUp(t *testing.T, who string) {
-	t.Helper()
-	select {
-	case <-w.q.C():
-	case <-time.After(5 * time.Second):
-		t.Fatalf("%s was not woken within 5s", who)
-	}
-}
-
-func (w *queued) notWoken(t *testing.T, who string) {
-	t.Helper()
-	select {
-	case <-w.q.C():
-		t.Errorf("%s was woken, though not at the head of the queue", who)
-	default:
-	}
-}
-
-// handedOver waits for the handover to w and checks it.
-func (w *queued) handedOver(t *testing.T, who string) backend.Handover {
-	t.Helper()
-	w.wakeUp(t, who)
-	h, ok := w.q.Handed()
-	if !ok {
-		t.Fatalf("%s was woken, but nothing was handed to it", who)
-	}
-	if h.Token != w.tok || h.Fence == 0 || h.TTL != queueTTL {
-		t.Fatalf("%s was handed %+v; want its token %s, a fence and the TTL %v", who, h, w.tok, queueTTL)
-	}
-	// The validity counts from the waiter's own request (the script that
-	// queued it), not from the handover or its message.
-	if h.Since.Before(w.began) || h.Since.After(w.ended) {
-		t.Fatalf("%s's handed lock counts from %v after it began to queue; want a request of its queueing, between 0 and %v",
-			who, h.Since.Sub(w.began), w.ended.Sub(w.began))
-	}
-	w.q.Close(true)
-	return h
-}
+var newQueueToken = queuetest.NewToken
 
 func holderOf(ctx context.Context, t *testing.T, b *redis.Backend, key string) backend.Holder {
 	t.Helper()
@@ -122,7 +48,7 @@ func TestQueueHandsOverInOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	var bs []*redis.Backend
-	var ws []*queued
+	var ws []*queuetest.Waiter
 	for range 3 {
 		b := redis.New(newGoRedis(t, srv.Addr))
 		defer b.Close()
@@ -139,9 +65,9 @@ func TestQueueHandsOverInOrder(t *testing.T) {
 	prev := g.Fence
 	for i, w := range ws {
 		who := []string{"the first waiter", "the second waiter", "the third waiter"}[i]
-		h := w.handedOver(t, who)
+		h := w.Handed(t, who)
 		for _, later := range ws[i+1:] {
-			later.notWoken(t, "a later waiter")
+			later.NotWoken(t, "a later waiter")
 		}
 		if h.Fence <= prev {
 			t.Fatalf("%s was handed fence %d after %d; want it greater", who, h.Fence, prev)
@@ -151,8 +77,8 @@ func TestQueueHandsOverInOrder(t *testing.T) {
 			t.Fatalf("holder after the handover to %s: %+v; want its token at fence %d", who, got, h.Fence)
 		}
 		// The store keeps it at least the TTL from the waiter's request.
-		if pttl := rdb.PTTL(ctx, "lock:{k}").Val(); time.Since(w.began)+pttl < queueTTL {
-			t.Fatalf("%s's lock expires %v from now, %v after its request: less than the TTL %v", who, pttl, time.Since(w.began)+pttl, queueTTL)
+		if pttl := rdb.PTTL(ctx, "lock:{k}").Val(); time.Since(w.Began())+pttl < queueTTL {
+			t.Fatalf("%s's lock expires %v from now, %v after its request: less than the TTL %v", who, pttl, time.Since(w.Began())+pttl, queueTTL)
 		}
 		if err := bs[i].Release(ctx, "k", h.Token); err != nil {
 			t.Fatalf("release by %s: %v", who, err)
@@ -184,7 +110,7 @@ func TestQueueRecordVanishes(t *testing.T) {
 	// The first waiter's record expires (as if its process had stalled).
 	var rec string
 	for _, k := range rdb.Keys(ctx, "lock:{k}:w:*").Val() {
-		if strings.HasPrefix(rdb.Get(ctx, k).Val(), w1.tok+" ") {
+		if strings.HasPrefix(rdb.Get(ctx, k).Val(), w1.Token+" ") {
 			rec = k
 		}
 	}
@@ -194,15 +120,15 @@ func TestQueueRecordVanishes(t *testing.T) {
 	if err := holder.Release(ctx, "k", tok); err != nil {
 		t.Fatal(err)
 	}
-	h := w2.handedOver(t, "the second waiter")
-	if _, ok := w1.q.Handed(); ok {
+	h := w2.Handed(t, "the second waiter")
+	if _, ok := w1.Q.Handed(); ok {
 		t.Fatal("a waiter whose record expired was handed the lock")
 	}
-	w1.try(ctx, t, "k")
+	w1.Try(ctx, t, "k")
 	if err := b2.Release(ctx, "k", h.Token); err != nil {
 		t.Fatal(err)
 	}
-	h1 := w1.handedOver(t, "the waiter that queued again")
+	h1 := w1.Handed(t, "the waiter that queued again")
 	if err := b1.Release(ctx, "k", h1.Token); err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +150,7 @@ func TestQueueGivingUpLeavesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := queueUpOn(ctx, t, b1, "k")
-	w.q.Close(false)
+	w.Q.Close(false)
 	if err := holder.Release(ctx, "k", tok); err != nil {
 		t.Fatal(err)
 	}
@@ -243,12 +169,12 @@ func TestQueueGivingUpLeavesNothing(t *testing.T) {
 	if err := holder.Release(ctx, "k", tok); err != nil {
 		t.Fatal(err)
 	}
-	w.wakeUp(t, "the first waiter")
-	if _, ok := w.q.Handed(); !ok {
+	w.WakeUp(t, "the first waiter")
+	if _, ok := w.Q.Handed(); !ok {
 		t.Fatal("nothing handed to the first waiter")
 	}
-	w.q.Close(false)
-	h := next.handedOver(t, "the next waiter")
+	w.Q.Close(false)
+	h := next.Handed(t, "the next waiter")
 	if err := b2.Release(ctx, "k", h.Token); err != nil {
 		t.Fatal(err)
 	}

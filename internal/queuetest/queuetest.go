@@ -1,0 +1,109 @@
+// Package queuetest drives places in a key's queue (backend.Queuer) in the
+// tests of the backends that queue their waiters in the store.
+package queuetest
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/distlock/lock/backend"
+)
+
+// NewToken returns a fresh 128-bit token, as package lock makes them.
+func NewToken() string {
+	var b [16]byte
+	crand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// Waiter is a place in a key's queue that found the key held.
+type Waiter struct {
+	Q     backend.Queue
+	Token string // of its latest attempt, which queued it
+	ttl   time.Duration
+	// The place's first attempt began, and its latest ended: its queueing
+	// request (the one a handover counts from) was sent in between, as
+	// long as the test is shorter than the place's refresh period.
+	began, ended time.Time
+}
+
+// Queue makes a waiter of qr for key: an attempt through a new place that
+// finds the key held, and so queues. The place closes (without the lock)
+// when the test ends, unless it closed before.
+func Queue(ctx context.Context, t *testing.T, qr backend.Queuer, key string, ttl time.Duration) *Waiter {
+	t.Helper()
+	q, err := qr.Queue(key)
+	if err != nil {
+		t.Fatalf("Queue: %v", err)
+	}
+	t.Cleanup(func() { q.Close(false) })
+	w := &Waiter{Q: q, ttl: ttl}
+	w.Try(ctx, t, key)
+	return w
+}
+
+// Try makes another attempt through the place, which must find the key
+// held.
+func (w *Waiter) Try(ctx context.Context, t *testing.T, key string) {
+	t.Helper()
+	tok := NewToken()
+	began := time.Now()
+	if _, err := w.Q.Acquire(ctx, tok, w.ttl); !errors.Is(err, backend.ErrLocked) {
+		t.Fatalf("Acquire of %q through a place, the key held: %v; want ErrLocked", key, err)
+	}
+	if w.began.IsZero() {
+		w.began = began
+	}
+	w.Token, w.ended = tok, time.Now()
+}
+
+// WakeUp waits for w's wake-up.
+func (w *Waiter) WakeUp(t *testing.T, who string) {
+	t.Helper()
+	select {
+	case <-w.Q.C():
+	case <-time.After(5 * time.Second):
+		t.Fatalf("%s was not woken within 5s", who)
+	}
+}
+
+// NotWoken fails t if w has a wake-up.
+func (w *Waiter) NotWoken(t *testing.T, who string) {
+	t.Helper()
+	select {
+	case <-w.Q.C():
+		t.Errorf("%s was woken, though not at the head of the queue", who)
+	default:
+	}
+}
+
+// Began is when w's first attempt began: a handover to w counts from a
+// request sent after it.
+func (w *Waiter) Began() time.Time { return w.began }
+
+// Handed waits for the handover to w, checks it, and closes w's place with
+// the lock taken. The handed lock must count from the waiter's own
+// queueing request (sent between its first attempt's start and its latest
+// attempt's end), never from the handover or from when the waiter learned
+// of it.
+func (w *Waiter) Handed(t *testing.T, who string) backend.Handover {
+	t.Helper()
+	w.WakeUp(t, who)
+	h, ok := w.Q.Handed()
+	if !ok {
+		t.Fatalf("%s was woken, but nothing was handed to it", who)
+	}
+	if h.Token != w.Token || h.Fence == 0 || h.TTL != w.ttl {
+		t.Fatalf("%s was handed %+v; want its token %s, a fence and the TTL %v", who, h, w.Token, w.ttl)
+	}
+	if h.Since.Before(w.began) || h.Since.After(w.ended) {
+		t.Fatalf("%s's handed lock counts from %v after it began to queue; want a request of its queueing, between 0 and %v",
+			who, h.Since.Sub(w.began), w.ended.Sub(w.began))
+	}
+	w.Q.Close(true)
+	return h
+}
