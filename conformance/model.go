@@ -15,6 +15,7 @@ import (
 	"github.com/anishathalye/porcupine"
 
 	"github.com/distlock/lock"
+	"github.com/distlock/lock/backend"
 )
 
 // The history checker: every case that runs several owners records each
@@ -293,6 +294,13 @@ func (r *recorder) acquire(ctx context.Context, client int, c *lock.Client, key 
 		in.back = max(0, call-(int64(l.Deadline().Sub(r.start))-int64(l.TTL())))
 	} else {
 		in.owner = fmt.Sprintf("failed-%d-%d", client, call) // never a holder
+		if _, queues := c.Backend().(backend.Queuer); queues && wait && errors.Is(err, lock.ErrLocked) && ctxErr(err) {
+			// A waiter that gave up while queued in the store may have
+			// been handed the lock just before, and freed it as it
+			// left: to the store the attempt took the lock for a
+			// moment. Its outcome is ambiguous.
+			err = errGaveUpQueued
+		}
 		if classify(err) == resUnknown && !isInputErr(err) {
 			// The store may have granted a lock that package lock now
 			// frees in the background: record the attempt as ambiguous.
@@ -304,6 +312,15 @@ func (r *recorder) acquire(ctx context.Context, client int, c *lock.Client, key 
 }
 
 func isInputErr(err error) bool { return errors.Is(err, lock.ErrInvalid) }
+
+// errGaveUpQueued records a waiting acquire that gave up while queued in
+// the store (see recorder.acquire).
+var errGaveUpQueued = errors.New("gave up while queued in the store: the store may have handed it the lock")
+
+// ctxErr reports whether err says that the caller's context ended.
+func ctxErr(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
+}
 
 // renew renews l and records the operation when the store answered.
 func (r *recorder) renew(ctx context.Context, client int, l *lock.Lease) error {

@@ -58,11 +58,12 @@ import (
 //   - Fences. Consul gives every entry a transaction writes the same
 //     ModifyIndex, the transaction's Raft index: the record's ModifyIndex,
 //     which the head reads, is the lock entry's, above every index before.
-//   - A waiter that gives up destroys its session, which deletes its record
-//     and frees a lock handed to it, even one handed after it gave up
-//     (the handover then fails on the session): nothing of it is left. A
-//     lock freed that way is under Consul's lock-delay, which the next
-//     waiter sleeps out. A waiter whose process dies leaves its record and
+//   - A waiter that gives up deletes the entry if its session holds it (a
+//     lock handed to it) and its record, in one transaction that checks the
+//     session; otherwise it destroys its session, which deletes its record
+//     and makes a later handover fail on the session: nothing of it is
+//     left. Only a handover that lands between the two frees the lock
+//     under Consul's lock-delay, which the next waiter sleeps out. A waiter whose process dies leaves its record and
 //     any lock handed to it to its session's expiry: between one and two
 //     TTLs after its last renewal.
 //   - Stale views. The waiters a new holder is told of may have left or
@@ -278,7 +279,7 @@ func (p *place) Close(took bool) error {
 	if p.renew != nil {
 		p.renew.Stop()
 	}
-	sess, ttl, renewed, queued, handed := p.sess, p.ttl, p.renewed, p.queued, p.handed
+	sess, ttl, renewed, queued, handed, rec := p.sess, p.ttl, p.renewed, p.queued, p.handed, p.rec
 	p.sess = ""
 	if !took && p.cancel != nil {
 		// A blocking query on the lock entry ends when the entry
@@ -295,11 +296,35 @@ func (p *place) Close(took bool) error {
 		if handed != nil {
 			p.b.kill(handed.Token, false)
 		}
-		p.b.destroy(sess)
+		p.b.leave(p.name, rec, sess, ttl, renewed)
 	default:
 		p.b.keep(sess, ttl, renewed)
 	}
 	return nil
+}
+
+// leave frees what a waiter that gives up may hold, in the background: a
+// lock handed to its session (known to it or not) and its record, in one
+// transaction that checks the session holds the entry, without the
+// lock-delay that destroying the session would put on the key; the session
+// then holds nothing and is pooled. When the session does not hold the
+// entry, it is destroyed, which deletes the record (and frees a lock a
+// handover gave it meanwhile, under the lock-delay: the rare race).
+func (b *Backend) leave(name, rec, sess string, ttl time.Duration, renewed time.Time) {
+	b.bg.Go(func() {
+		ctx, cancel := context.WithTimeout(b.ctx, handoverTimeout)
+		defer cancel()
+		ok, _, _, err := b.cli.Txn().Txn(api.TxnOps{
+			{KV: &api.KVTxnOp{Verb: api.KVCheckSession, Key: name, Session: sess}},
+			{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: name}},
+			{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: rec}},
+		}, (&api.QueryOptions{}).WithContext(ctx))
+		if err == nil && ok {
+			b.keep(sess, ttl, renewed)
+			return
+		}
+		b.destroy(sess)
+	})
 }
 
 // Acquire implements backend.Queue.
