@@ -149,14 +149,26 @@ func TestRedlockNodeTimeoutBoundsPlainClients(t *testing.T) {
 }
 
 // closedPort returns a loopback address where nothing listens.
-func closedPort(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+func closedPort(t *testing.T) string { return closedPorts(t, 1)[0] }
+
+// closedPorts returns n distinct loopback addresses nothing listens on:
+// all are held open until the last is chosen, so that the kernel cannot
+// hand one port out twice.
+func closedPorts(t *testing.T, n int) []string {
+	var addrs []string
+	var ls []net.Listener
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+		addrs = append(addrs, l.Addr().String())
 	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
+	for _, l := range ls {
+		l.Close()
+	}
+	return addrs
 }
 
 // A backend opened from a URL reports an unreachable server at once, even
@@ -164,8 +176,8 @@ func closedPort(t *testing.T) string {
 // the cleanup of the failed attempt) does not linger: go-redis's default
 // five dials per attempt, three attempts, took 1.6s for each.
 func TestOpenedURLFailsFastWhenRefused(t *testing.T) {
-	addr := closedPort(t)
-	for _, u := range []string{"redis://" + addr, fmt.Sprintf("redlock://%s,%s,%s", addr, closedPort(t), closedPort(t))} {
+	addrs := closedPorts(t, 3)
+	for _, u := range []string{"redis://" + addrs[0], "redlock://" + strings.Join(addrs, ",")} {
 		ctx := context.Background()
 		locks, err := lock.Open(ctx, u)
 		if err != nil {

@@ -88,8 +88,8 @@ func unreachable(t *testing.T, locks *lock.Client) {
 func TestGoRedisLogging(t *testing.T) {
 	t.Cleanup(redis.ResetGoRedisLogger)
 	ctx := context.Background()
-	addr := closedPort(t)
-	urls := []string{"redis://" + addr, "redlock://" + addr + "," + closedPort(t) + "," + closedPort(t)}
+	addrs := closedPorts(t, 3)
+	urls := []string{"redis://" + addrs[0], "redlock://" + strings.Join(addrs, ",")}
 	opened := func(t *testing.T) {
 		for _, u := range urls {
 			locks, err := lock.Open(ctx, u)
@@ -100,7 +100,7 @@ func TestGoRedisLogging(t *testing.T) {
 		}
 	}
 	own := func(t *testing.T) {
-		locks, err := lock.New(redis.New(plainClient(t, addr)))
+		locks, err := lock.New(redis.New(plainClient(t, addrs[0])))
 		if err != nil {
 			t.Fatal(err)
 		}
