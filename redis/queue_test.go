@@ -7,7 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/distlock/lock"
 	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/conformance/faultproxy"
 	"github.com/distlock/lock/internal/queuetest"
 	"github.com/distlock/lock/internal/redistest"
 	"github.com/distlock/lock/redis"
@@ -180,5 +182,63 @@ func TestQueueGivingUpLeavesNothing(t *testing.T) {
 	}
 	if left := keysLeft(t, rdb); len(left) != 1 {
 		t.Fatalf("left behind: %v", left)
+	}
+}
+
+// A waiter whose replies are held back (its requests still reach the
+// server) from just before the release that hands it the lock: the
+// handover gives the lock the expiry of the waiter's record, counted from
+// the waiter's own queueing request, and the waiter, learning of it late,
+// counts its deadline from that request too. The waiter does not renew, so
+// its deadline must not pass the store's expiry: no other client takes the
+// key before it. Were the handed lease counted from the late message,
+// another client would take the key inside it, and the test would fail
+// (checked).
+func TestHandoverWithRepliesHeld(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	ctx := context.Background()
+	const ttl = 2 * time.Second
+	rdb := newGoRedis(t, srv.Addr)
+	holder := newLocks(t, redis.New(rdb), lock.WithTTL(10*time.Second))
+	px := faultproxy.Start(t, srv.Addr)
+	waiter := newLocks(t, redis.New(newGoRedis(t, px.Addr)), lock.WithTTL(ttl), lock.WithAutoRenew(false))
+	other := redis.New(newGoRedis(t, srv.Addr))
+	defer other.Close()
+	l, err := holder.TryAcquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *lock.Lease, 1)
+	go func() {
+		wl, err := waiter.Acquire(ctx, "k")
+		if err != nil {
+			t.Errorf("waiter's Acquire: %v", err)
+		}
+		got <- wl
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for rdb.ZCard(ctx, "lock:{k}:q").Val() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the waiter did not queue within 5s")
+		}
+		time.Sleep(5 * time.Millisecond) // poll the store
+	}
+	px.Hold(faultproxy.ToClient)
+	if err := l.Release(ctx); err != nil { // hands the lock to the waiter
+		t.Fatal(err)
+	}
+	time.Sleep(800 * time.Millisecond) // the handover message waits in the proxy
+	px.Deliver(faultproxy.ToClient)
+	wl := <-got
+	if wl == nil {
+		return
+	}
+	defer wl.Release(ctx)
+	dl := wl.Deadline()
+	for time.Now().Before(dl) {
+		if g, err := other.Acquire(ctx, "k", newQueueToken(), ttl); err == nil {
+			t.Fatalf("another client took the key (fence %d) %v before the waiter's deadline (its fence %d)", g.Fence, time.Until(dl), wl.Fence())
+		}
+		time.Sleep(time.Millisecond) // poll the store
 	}
 }
