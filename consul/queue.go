@@ -58,14 +58,18 @@ import (
 //   - Fences. Consul gives every entry a transaction writes the same
 //     ModifyIndex, the transaction's Raft index: the record's ModifyIndex,
 //     which the head reads, is the lock entry's, above every index before.
-//   - A waiter that gives up deletes the entry if its session holds it (a
-//     lock handed to it) and its record, in one transaction that checks the
-//     session; otherwise it destroys its session, which deletes its record
-//     and makes a later handover fail on the session: nothing of it is
-//     left. Only a handover that lands between the two frees the lock
-//     under Consul's lock-delay, which the next waiter sleeps out. A waiter whose process dies leaves its record and
-//     any lock handed to it to its session's expiry: between one and two
-//     TTLs after its last renewal.
+//   - A waiter that gives up deletes its record when the record is as it
+//     last wrote it (nothing was handed to it, and no handover can follow:
+//     each checks the record's index), or else the entry if its session
+//     holds it (a lock handed to it) and its record, in one transaction
+//     that checks the session; failing both, it destroys its session,
+//     which deletes its record and makes a later handover fail on the
+//     session. Only a handover that lands between those requests frees
+//     the lock under Consul's lock-delay, which the next waiter sleeps out.
+//     Its Acquire returns once that is done (or after leaveWait, when the
+//     store does not answer). A waiter whose process dies leaves its
+//     record and any lock handed to it to its session's expiry: between
+//     one and two TTLs after its last renewal.
 //   - Stale views. The waiters a new holder is told of may have left or
 //     queued again since: the check-index refuses them, and the release
 //     falls back to delete, read and hand over.
@@ -238,6 +242,7 @@ type place struct {
 	ttl      time.Duration
 	renewed  time.Time // send time of the latest confirmed creation or renewal of sess
 	queued   bool      // the record may exist
+	recIndex uint64    // the record's ModifyIndex as the place last wrote it; 0 when unknown
 	watching bool      // a blocking query on the record runs
 	heading  bool      // a blocking query on the lock entry runs (see watchEntry)
 	ctx      context.Context
@@ -279,7 +284,7 @@ func (p *place) Close(took bool) error {
 	if p.renew != nil {
 		p.renew.Stop()
 	}
-	sess, ttl, renewed, queued, handed, rec := p.sess, p.ttl, p.renewed, p.queued, p.handed, p.rec
+	sess, ttl, renewed, queued, handed, rec, recIndex := p.sess, p.ttl, p.renewed, p.queued, p.handed, p.rec, p.recIndex
 	p.sess = ""
 	if !took && p.cancel != nil {
 		// A blocking query on the lock entry ends when the entry
@@ -295,37 +300,74 @@ func (p *place) Close(took bool) error {
 	case handed != nil || queued:
 		if handed != nil {
 			p.b.kill(handed.Token, false)
+			recIndex = 0 // the handover rewrote the record
 		}
-		p.b.leave(p.name, rec, sess, ttl, renewed)
+		p.b.leave(p.name, rec, sess, recIndex, ttl, renewed)
 	default:
 		p.b.keep(sess, ttl, renewed)
 	}
 	return nil
 }
 
-// leave frees what a waiter that gives up may hold, in the background: a
-// lock handed to its session (known to it or not) and its record, in one
-// transaction that checks the session holds the entry, without the
-// lock-delay that destroying the session would put on the key; the session
-// then holds nothing and is pooled. When the session does not hold the
-// entry, it is destroyed, which deletes the record (and frees a lock a
-// handover gave it meanwhile, under the lock-delay: the rare race).
-func (b *Backend) leave(name, rec, sess string, ttl time.Duration, renewed time.Time) {
+// leave frees what a waiter that gives up may hold: its record, and a lock
+// handed to its session (known to it or not), without the lock-delay that
+// destroying the session would put on the key.
+//
+//   - When the record is as the place last wrote it (recIndex), nothing
+//     was handed to it: a handover rewrites the record in the transaction
+//     that locks the entry. Deleting the record with a check of that index
+//     ends every later handover to it too (each checks the record's
+//     index), so the session then holds nothing and is pooled.
+//   - Otherwise one transaction deletes the entry, if the session holds it,
+//     and the record.
+//   - When neither applies (the record changed and the session does not
+//     hold the entry, or an answer was lost), the session is destroyed,
+//     which deletes the record and frees a lock handed to it meanwhile
+//     under the lock-delay.
+//
+// Close waits for it up to leaveWait, so that a waiter that gave up has
+// left nothing behind when its Acquire returns; a store that does not
+// answer by then gets the rest in the background.
+func (b *Backend) leave(name, rec, sess string, recIndex uint64, ttl time.Duration, renewed time.Time) {
+	done := make(chan struct{})
 	b.bg.Go(func() {
+		defer close(done)
 		ctx, cancel := context.WithTimeout(b.ctx, handoverTimeout)
 		defer cancel()
+		opts := (&api.QueryOptions{}).WithContext(ctx)
+		if recIndex != 0 {
+			ok, _, _, err := b.cli.Txn().Txn(api.TxnOps{
+				{KV: &api.KVTxnOp{Verb: api.KVCheckIndex, Key: rec, Index: recIndex}},
+				{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: rec}},
+			}, opts)
+			if err == nil && ok {
+				b.keep(sess, ttl, renewed)
+				return
+			}
+		}
 		ok, _, _, err := b.cli.Txn().Txn(api.TxnOps{
 			{KV: &api.KVTxnOp{Verb: api.KVCheckSession, Key: name, Session: sess}},
 			{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: name}},
 			{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: rec}},
-		}, (&api.QueryOptions{}).WithContext(ctx))
+		}, opts)
 		if err == nil && ok {
 			b.keep(sess, ttl, renewed)
 			return
 		}
-		b.destroy(sess)
+		if _, err := b.cli.Session().Destroy(sess, (&api.WriteOptions{}).WithContext(ctx)); err != nil {
+			b.destroy(sess) // tried again, in the background
+		}
 	})
+	t := time.NewTimer(leaveWait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
 }
+
+// leaveWait bounds how long a waiter that gives up waits for its leave.
+const leaveWait = 500 * time.Millisecond
 
 // Acquire implements backend.Queue.
 func (p *place) Acquire(ctx context.Context, token string, ttl time.Duration) (backend.Grant, error) {
@@ -480,6 +522,7 @@ func (p *place) lock(ctx context.Context, token, sess string, fresh bool) (g bac
 			b.kill(p.handed.Token, false) // handed meanwhile, and taken over by token
 		}
 		p.sess, p.queued, p.handed = "", false, nil
+		p.recIndex = 0
 		if p.renew != nil {
 			p.renew.Stop()
 		}
@@ -527,7 +570,7 @@ func (p *place) enqueue(ctx context.Context, token, sess string, renewed time.Ti
 		// The record may exist: it goes with the session when the
 		// place closes.
 		p.mu.Lock()
-		p.queued = true
+		p.queued, p.recIndex = true, 0
 		p.mu.Unlock()
 		return false, false, fmt.Errorf("consul: acquire %q: queueing: %w", p.key, err)
 	case !ok:
@@ -563,6 +606,9 @@ func (p *place) enqueue(ctx context.Context, token, sess string, renewed time.Ti
 	first := len(ws) > 0 && ws[0].Key == rec
 	p.mu.Lock()
 	p.queued = true
+	if p.rec == rec {
+		p.recIndex = index
+	}
 	start := !p.watching && !p.closed
 	if start {
 		p.watching = true
@@ -679,6 +725,7 @@ func (p *place) watch(sess, rec string, index uint64) {
 			// Queue again with a new session, under a new name (the
 			// old one is under the session's lock-delay).
 			p.sess, p.queued = "", false
+			p.recIndex = 0
 			p.rec = b.recordName(p.name)
 			p.mu.Unlock()
 			p.wake()
@@ -761,6 +808,7 @@ func (p *place) sessionGone(sess string) {
 	defer p.mu.Unlock()
 	if p.sess == sess {
 		p.sess, p.queued, p.handed = "", false, nil
+		p.recIndex = 0
 		// The old record's name is under the lock-delay of the session
 		// that held it: queue again under a new one.
 		p.rec = p.b.recordName(p.name)
@@ -773,6 +821,7 @@ func (p *place) forget() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.sess, p.queued, p.handed = "", false, nil
+	p.recIndex = 0
 	p.rec = p.b.recordName(p.name)
 	if p.renew != nil {
 		p.renew.Stop()

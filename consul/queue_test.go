@@ -162,12 +162,30 @@ func TestQueueGivingUpLeavesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := queueUp(ctx, t, b1, "k")
+	var sess string
+	for _, kv := range entries(t, cli) {
+		if strings.Contains(kv.Key, "/q/") {
+			sess = kv.Session
+		}
+	}
+	if sess == "" {
+		t.Fatalf("no record of the queued waiter: %v", entries(t, cli))
+	}
 	w.Q.Close(false)
-	waitFor(t, "the record of a waiter that gave up to go", func() bool { return len(entries(t, cli)) == 1 })
+	// Gone when Close returns: a release right after must not find it.
+	if kvs := entries(t, cli); len(kvs) != 1 {
+		t.Fatalf("entries right after the waiter gave up: %d; want the lock entry alone", len(kvs))
+	}
 	if err := holder.Release(ctx, "k", tok); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the key to be free", func() bool { return len(entries(t, cli)) == 0 })
+	// The record was deleted unchanged, so nothing was handed to the
+	// session: it is kept for reuse, not destroyed (which would put a
+	// lock-delay on the record's name).
+	if info, _, err := cli.Session().Info(sess, nil); err != nil || info == nil {
+		t.Errorf("the session of a waiter that left while queued: %v, %v; want it kept", info, err)
+	}
 
 	// Handed, then gives up without taking it.
 	tok = newToken()
@@ -183,7 +201,9 @@ func TestQueueGivingUpLeavesNothing(t *testing.T) {
 		t.Fatal("nothing handed to the waiter")
 	}
 	w.Q.Close(false)
-	waitFor(t, "the lock handed to a waiter that gave up to be freed", func() bool { return len(entries(t, cli)) == 0 })
+	if kvs := entries(t, cli); len(kvs) != 0 {
+		t.Fatalf("entries right after a waiter handed the lock gave up: %d; want none", len(kvs))
+	}
 	if _, err := holder.Acquire(ctx, "k", newToken(), queueTTL); err != nil {
 		t.Fatalf("Acquire after the waiter gave up: %v", err)
 	}
