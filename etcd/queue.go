@@ -528,14 +528,30 @@ func (p *place) Close(took bool) error {
 	if kept || id == clientv3.NoLease {
 		return nil
 	}
+	// The revoke deletes the place's record and a lock handed to its
+	// lease. Close waits for it up to leaveWait, so that a waiter that
+	// gave up has left nothing behind when its Acquire returns (a release
+	// right after must not hand it the lock); a store that does not
+	// answer by then gets the rest in the background.
+	done := make(chan struct{})
 	go func() {
 		defer qs.wg.Done()
+		defer close(done)
 		ctx, cancel := context.WithTimeout(context.Background(), revokeTimeout)
 		defer cancel()
 		qs.b.revoke(ctx, id)
 	}()
+	t := time.NewTimer(leaveWait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
 	return nil
 }
+
+// leaveWait bounds how long a waiter that gives up waits for its revoke.
+const leaveWait = 500 * time.Millisecond
 
 // Acquire implements backend.Queue.
 func (p *place) Acquire(ctx context.Context, token string, ttl time.Duration) (backend.Grant, error) {
