@@ -163,12 +163,17 @@ func consulClient(addr string, n *atomic.Int64) *api.Client {
 	return cli
 }
 
-// hotSeparate is hot with a locker per goroutine.
-func hotSeparate(lockers []locker, n *atomic.Int64, d time.Duration) (float64, float64) {
+// hotSeparate is hot with a locker per goroutine: the utilisation, the
+// requests per section, and the median gap in µs from one section's end
+// to the next one's start (the handover).
+func hotSeparate(lockers []locker, n *atomic.Int64, d time.Duration) (float64, float64, float64) {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	key := fmt.Sprintf("bench/hot/%d", run.Add(1))
 	var sections atomic.Int64
+	var lastEnd atomic.Int64 // UnixNano of the last section's end
+	var mu sync.Mutex
+	var gaps []float64
 	before := n.Load()
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -179,15 +184,22 @@ func hotSeparate(lockers []locker, n *atomic.Int64, d time.Duration) (float64, f
 				if err != nil {
 					return // the run ended while waiting
 				}
+				began := time.Now()
+				if end := lastEnd.Load(); end != 0 {
+					mu.Lock()
+					gaps = append(gaps, float64(began.UnixNano()-end)/1e3)
+					mu.Unlock()
+				}
 				hold()
 				sections.Add(1)
+				lastEnd.Store(time.Now().UnixNano())
 				unlock(context.Background())
 			}
 		})
 	}
 	wg.Wait()
 	s := sections.Load()
-	return 100 * float64(s) * float64(time.Millisecond) / float64(time.Since(start)), float64(n.Load()-before) / float64(max(s, 1))
+	return 100 * float64(s) * float64(time.Millisecond) / float64(time.Since(start)), float64(n.Load()-before) / float64(max(s, 1)), median(gaps)
 }
 
 func fatal(err error) {
@@ -304,7 +316,7 @@ func runNetworked(peers []networkedPeer, rounds int, dur, hotDur time.Duration) 
 			st.one = append(st.one, cycles(st.l, 1, dur))
 			u, _, _ := hot(st.l, &counter{}, hotDur)
 			st.shared = append(st.shared, u)
-			u2, q2 := hotSeparate(st.sepLockers, st.sepN, hotDur)
+			u2, q2, _ := hotSeparate(st.sepLockers, st.sepN, hotDur)
 			st.sep, st.sepReqs = append(st.sep, u2), append(st.sepReqs, q2)
 			fmt.Fprintf(os.Stderr, "round %d/%d: %s done\n", r+1, rounds, peers[i].name)
 		}

@@ -388,6 +388,8 @@ func main() {
 		sep                       []locker // 16 separate clients
 		sepC                      *counter
 		sepUtil, sepReqs, sepCmds []float64
+		sepGap                    []float64
+		wake                      []float64 // wakeFloor, µs (states[0] only)
 	}
 	newClient := func(c *counter) *goredis.Client {
 		rdb := goredis.NewClient(&goredis.Options{
@@ -436,10 +438,13 @@ func main() {
 			}
 			if want("sep") {
 				before := commands(admin)
-				u, q := hotSeparate(st.sep, &st.sepC.n, *hotDur)
+				u, q, g := hotSeparate(st.sep, &st.sepC.n, *hotDur)
 				sections := u / 100 * hotDur.Seconds() / 0.001
 				cmds := float64(commands(admin)-before-1) / max(sections, 1)
-				st.sepUtil, st.sepReqs, st.sepCmds = append(st.sepUtil, u), append(st.sepReqs, q), append(st.sepCmds, cmds)
+				st.sepUtil, st.sepReqs, st.sepCmds, st.sepGap = append(st.sepUtil, u), append(st.sepReqs, q), append(st.sepCmds, cmds), append(st.sepGap, g)
+				if i == 0 {
+					st.wake = append(st.wake, wakeFloor(newClient(&counter{}), newClient(&counter{})))
+				}
 			}
 			fmt.Fprintf(os.Stderr, "round %d/%d: %s done\n", r+1, *rounds, p.name)
 		}
@@ -460,11 +465,11 @@ func main() {
 	if want("sep") {
 		fmt.Println("Hot key, 16 separate clients (each its own go-redis client and peer instance, as separate processes would be), 1ms hold:")
 		fmt.Println()
-		fmt.Println("| peer | utilisation | client requests per section | Redis commands per section |")
-		fmt.Println("|---|---|---|---|")
+		fmt.Println("| peer | utilisation | client requests per section | Redis commands per section | median handover gap |")
+		fmt.Println("|---|---|---|---|---|")
 		for i, p := range peers {
 			st := states[i]
-			fmt.Printf("| %s | %.1f%% | %.1f | %.1f |\n", p.name, median(st.sepUtil), median(st.sepReqs), median(st.sepCmds))
+			fmt.Printf("| %s | %.1f%% | %.1f | %.1f | %.0f µs |\n", p.name, median(st.sepUtil), median(st.sepReqs), median(st.sepCmds), median(st.sepGap))
 		}
 		fmt.Println()
 	}
@@ -515,7 +520,41 @@ func main() {
 			fewest = min(fewest, median(st.sepCmds))
 		}
 		check("16 clients: Redis commands / fewest peer's", median(states[0].sepCmds)/fewest, 1, "x", false)
+		w := median(states[0].wake)
+		fmt.Printf("  %-44s %8.0fµs (a 1ms section's end to an idle client's receipt of a PUBLISH: the least any handover to a waiter that sleeps can take)\n", "wake-up floor, this run", w)
+		fmt.Printf("  %-44s %8.1f%% (1ms / (1ms + the floor))\n", "utilisation ceiling of a sleeping waiter", 100*1000/(1000+w))
 	}
+}
+
+// wakeFloor returns the median delay, in µs, from a PUBLISH sent as a 1ms
+// section (hold) ends to its receipt by a client that waits on its own
+// connection: the least any handover through Redis to a waiter that sleeps
+// can take on this machine (a releaser's request to the server, and the
+// server's message to the waiter), with no lock work at all.
+func wakeFloor(pub, sub *goredis.Client) float64 {
+	defer pub.Close()
+	defer sub.Close()
+	ctx := context.Background()
+	ps := sub.Subscribe(ctx, "bench:wake")
+	defer ps.Close()
+	if _, err := ps.Receive(ctx); err != nil {
+		fatal(err)
+	}
+	var ds []float64
+	for range 300 {
+		got := make(chan time.Time, 1)
+		go func() {
+			ps.ReceiveMessage(ctx)
+			got <- time.Now()
+		}()
+		hold()
+		sent := time.Now()
+		if err := pub.Publish(ctx, "bench:wake", "x").Err(); err != nil {
+			fatal(err)
+		}
+		ds = append(ds, float64((<-got).Sub(sent).Nanoseconds())/1e3)
+	}
+	return median(ds)
 }
 
 // commands returns the commands the server has run (INFO commandstats,
