@@ -354,10 +354,13 @@ func main() {
 	rounds := flag.Int("rounds", 5, "interleaved rounds per scenario; the table shows medians")
 	dur := flag.Duration("duration", time.Second, "length of one cycles measurement")
 	hotDur := flag.Duration("hot", 3*time.Second, "length of one hot-key measurement")
-	only := flag.String("only", "", "comma-separated scenarios to run: one,own,hot,sep (default all; sep: the hot key with 16 separate clients)")
+	only := flag.String("only", "", "comma-separated scenarios to run: one,own,hot,sep,procs (default all; sep: the hot key with 16 separate clients in this process; procs: with 16 separate processes)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	store := flag.String("store", "redis", "the store to measure: redis (this library beside redislock, redsync and the floors), consul (beside api.Lock) or etcd (beside concurrency.Mutex)")
 	flag.Parse()
+	if maybeChild() {
+		return
+	}
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
 		if err != nil {
@@ -390,6 +393,8 @@ func main() {
 		sepUtil, sepReqs, sepCmds []float64
 		sepGap                    []float64
 		wake                      []float64 // wakeFloor, µs (states[0] only)
+		procUtil, procReqs        []float64 // 16 separate processes
+		procCmds, procGap         []float64
 	}
 	newClient := func(c *counter) *goredis.Client {
 		rdb := goredis.NewClient(&goredis.Options{
@@ -442,9 +447,13 @@ func main() {
 				sections := u / 100 * hotDur.Seconds() / 0.001
 				cmds := float64(commands(admin)-before-1) / max(sections, 1)
 				st.sepUtil, st.sepReqs, st.sepCmds, st.sepGap = append(st.sepUtil, u), append(st.sepReqs, q), append(st.sepCmds, cmds), append(st.sepGap, g)
-				if i == 0 {
-					st.wake = append(st.wake, wakeFloor(newClient(&counter{}), newClient(&counter{})))
-				}
+			}
+			if want("procs") {
+				u, q, c, g := hotProcesses(i, srv.Addr, admin, 16, *hotDur)
+				st.procUtil, st.procReqs, st.procCmds, st.procGap = append(st.procUtil, u), append(st.procReqs, q), append(st.procCmds, c), append(st.procGap, g)
+			}
+			if (want("sep") || want("procs")) && i == 0 {
+				st.wake = append(st.wake, wakeFloor(newClient(&counter{}), newClient(&counter{})))
 			}
 			fmt.Fprintf(os.Stderr, "round %d/%d: %s done\n", r+1, *rounds, p.name)
 		}
@@ -470,6 +479,17 @@ func main() {
 		for i, p := range peers {
 			st := states[i]
 			fmt.Printf("| %s | %.1f%% | %.1f | %.1f | %.0f µs |\n", p.name, median(st.sepUtil), median(st.sepReqs), median(st.sepCmds), median(st.sepGap))
+		}
+		fmt.Println()
+	}
+	if want("procs") {
+		fmt.Println("Hot key, 16 separate processes (each a copy of this program with its own go-redis client and peer instance), 1ms hold:")
+		fmt.Println()
+		fmt.Println("| peer | utilisation | client requests per section | Redis commands per section | median handover gap |")
+		fmt.Println("|---|---|---|---|---|")
+		for i, p := range peers {
+			st := states[i]
+			fmt.Printf("| %s | %.1f%% | %.1f | %.1f | %.0f µs |\n", p.name, median(st.procUtil), median(st.procReqs), median(st.procCmds), median(st.procGap))
 		}
 		fmt.Println()
 	}
@@ -520,6 +540,17 @@ func main() {
 			fewest = min(fewest, median(st.sepCmds))
 		}
 		check("16 clients: Redis commands / fewest peer's", median(states[0].sepCmds)/fewest, 1, "x", false)
+	}
+	if want("procs") {
+		check("hot key, 16 processes: utilisation", median(states[0].procUtil), 90, "%", true)
+		check("hot key, 16 processes: requests per section", median(states[0].procReqs), 3, "", false)
+		fewest := math.Inf(1)
+		for _, st := range states[1:] {
+			fewest = min(fewest, median(st.procCmds))
+		}
+		check("16 processes: Redis commands / fewest peer's", median(states[0].procCmds)/fewest, 1, "x", false)
+	}
+	if want("sep") || want("procs") {
 		w := median(states[0].wake)
 		fmt.Printf("  %-44s %8.0fµs (a 1ms section's end to an idle client's receipt of a PUBLISH: the least any handover to a waiter that sleeps can take)\n", "wake-up floor, this run", w)
 		fmt.Printf("  %-44s %8.1f%% (1ms / (1ms + the floor))\n", "utilisation ceiling of a sleeping waiter", 100*1000/(1000+w))

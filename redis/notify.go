@@ -267,14 +267,6 @@ func (n *notifier) released(channel, id string) {
 		}
 		return
 	}
-	if pid, pttl, ok := parseNext(id); ok {
-		// The place is first in the queue: it arms its timer for the
-		// handed lock's expiry.
-		if w := st.places[pid]; w != nil {
-			w.place.nextAfter(pttl)
-		}
-		return
-	}
 	if pid, ok := strings.CutPrefix(id, "w:"); ok {
 		// The key is free with this place first in the queue.
 		if w := st.places[pid]; w != nil {

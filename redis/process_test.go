@@ -147,9 +147,10 @@ func TestQueueAcrossProcesses(t *testing.T) {
 	}
 	// Three sections of 20ms before the last one began, and the killed
 	// waiter's record (or a lock handed to it) left to expire: at most its
-	// TTL after its last refresh.
-	if bound := ttl + 60*time.Millisecond + 500*time.Millisecond; took > bound {
-		t.Fatalf("the four live waiters were served in %v after the release; want within %v (the killed waiter's TTL, the sections, 500ms slack)", took, bound)
+	// TTL after its last refresh, learned by the waiter behind it within a
+	// third of the TTL.
+	if bound := ttl*4/3 + 60*time.Millisecond + 500*time.Millisecond; took > bound {
+		t.Fatalf("the four live waiters were served in %v after the release; want within %v (4/3 of the killed waiter's TTL, the sections, 500ms slack)", took, bound)
 	}
 	t.Logf("served in order %v in %v after the release (the killed waiter's TTL is %v)", order, took.Round(time.Millisecond), ttl)
 	if n, _ := strconv.Atoi(rdb.Get(ctx, "test:inside").Val()); n != 0 {

@@ -29,15 +29,18 @@ import (
 // record's remaining expiry, takes a new fence, deletes the record, and
 // publishes "h:ID:FENCE:TOKEN" on the channel of that place's backend and
 // key (named in the record): that process alone hears it, and holds the
-// lock with no request of its own. The place first in the queue now is
-// told "n:ID:PTTL", and arms a timer for the handed lock's expiry: should
-// the new holder die without a release, it tries when the lock expires. A
-// waiter whose process dies while queued therefore delays the others by at
-// most its TTL: its record (and a lock handed to it) expires at most a TTL
-// after its last refresh, and the place after it tries then. (When the
-// holder before it expired too, without a release, the place after it
-// learns it from its own retry, which package lock makes at least every
-// TTL: up to twice the TTL.) Why that keeps the promise:
+// lock with no request of its own. The place first in the queue learns
+// the lock's expiry from its own refreshes (the refresh script returns it
+// to the place that is first, or says that the lock is free) and arms a
+// timer for it: should the holder die without a release, or the lock be
+// free with nobody told, the place tries when the lock expires, or at
+// once. (The release does not tell the next place itself: that message
+// woke a second process at each handover, which cost the hot key 2 to 4
+// points of utilisation with 16 processes.) A waiter whose process dies
+// while queued therefore delays the others by at most 4/3 of its TTL: its
+// record (and a lock handed to it) expires at most a TTL after its last
+// refresh, and the place after it learns that from its next refresh, at
+// most a third of the TTL later. Why that keeps the promise:
 //
 //   - Exclusion. The release script checks the releasing token and gives
 //     the key to the waiter in one atomic step; every other acquire finds
@@ -58,8 +61,8 @@ import (
 //     record until it expires, at most its TTL after its last refresh, and
 //     a lock handed to it until the same moment.
 //   - A holder that expires while a place is first in the queue: that
-//     place tries at the holder's expiry (the queueing script returns the
-//     holder's remaining time, and handover messages carry it).
+//     place tries at the holder's expiry (the queueing script and the
+//     first place's refreshes return the holder's remaining time).
 //   - A lost message (a pub/sub connection that broke) delays the waiter,
 //     it does not harm anyone: the lock stays the waiter's until its
 //     expiry, and the waiter's next attempt (a resubscription wakes it, and
@@ -192,9 +195,8 @@ return {-p, first}`)
 	// releaseScript. It removes the releasing place from the queue, then,
 	// when token holds the lock, hands it to the oldest place whose record
 	// lives and whose token is not dead (see above), publishing
-	// "h:ID:FENCE:TOKEN" on that place's channel and "n:ID:PTTL" on the
-	// channel of the place now first; or deletes it (publishing the token
-	// on the key's channel when a waiter marked it).
+	// "h:ID:FENCE:TOKEN" on that place's channel; or deletes it
+	// (publishing the token on the key's channel when a waiter marked it).
 	queueReleaseScript = goredis.NewScript(`
 if ARGV[5] ~= '' then
   redis.call('ZREM', KEYS[4], ARGV[5])
@@ -233,13 +235,6 @@ if v == ARGV[1] or v == ARGV[1] .. '+' then
           f = redis.call('INCR', KEYS[3])
         end
         redis.call('PUBLISH', string.sub(rv, sp + 1), 'h:' .. h .. ':' .. f .. ':' .. t)
-        if hs[2] then
-          local nv = redis.call('GET', ARGV[4] .. hs[2])
-          local nsp = nv and string.find(nv, ' ', 1, true)
-          if nsp then
-            redis.call('PUBLISH', string.sub(nv, nsp + 1), 'n:' .. hs[2] .. ':' .. p)
-          end
-        end
         return 1
       end
     end
@@ -257,14 +252,19 @@ end
 redis.call('SET', KEYS[2], '0', 'PX', ARGV[2])
 return 0`)
 
-	// refreshScript: KEYS = record, queue; ARGV = ttl ms. Returns 1, or 0
-	// when the record is gone.
+	// refreshScript: KEYS = record, queue, lock; ARGV = ttl ms, place id.
+	// Returns {0, 0} when the record is gone; else {1, the lock's PTTL}
+	// when the place is first in the queue (-2: the lock is free), or {1,
+	// -3} when it is not.
 	refreshScript = goredis.NewScript(`
 if redis.call('PEXPIRE', KEYS[1], ARGV[1]) == 0 then
-  return 0
+  return {0, 0}
 end
 redis.call('PEXPIRE', KEYS[2], ARGV[1], 'GT')
-return 1`)
+if redis.call('ZRANK', KEYS[2], ARGV[2]) == 0 then
+  return {1, redis.call('PTTL', KEYS[3])}
+end
+return {1, -3}`)
 )
 
 // Queue implements backend.Queuer. It sends nothing: the place's Acquire
@@ -468,14 +468,26 @@ func (p *place) scheduleRefreshLocked() {
 		ctx, cancel := context.WithTimeout(context.Background(), ttl/3)
 		defer cancel()
 		sent := time.Now()
-		n, err := p.b.batch.run(ctx, refreshScript, []string{p.rec, queueKeyOf(p.lk)}, ms(ttl)).Int64()
+		out, err := p.b.batch.run(ctx, refreshScript, []string{p.rec, queueKeyOf(p.lk), p.lk}, ms(ttl), p.id).Int64Slice()
+		if err == nil && len(out) != 2 {
+			err = fmt.Errorf("unexpected script reply %v", out)
+		}
 		p.mu.Lock()
 		switch {
 		case err != nil:
 			// Unknown: the earlier write still bounds the expiry.
-		case n == 1:
+		case out[0] == 1:
 			if sent.After(p.refreshed) {
 				p.refreshed = sent
+			}
+			if out[1] != -3 && p.handed == nil {
+				// First in the queue: try when the lock expires
+				// (a holder that dies hands nothing over), or now
+				// when it is free.
+				if p.expiry != nil {
+					p.expiry.Stop()
+				}
+				p.expiry = time.AfterFunc(time.Duration(max(out[1], 0))*time.Millisecond+time.Millisecond, p.wake)
 			}
 		case p.handed == nil:
 			// The record expired: the place is lost; the next
@@ -564,36 +576,4 @@ func parseHandover(msg string) (id string, fence uint64, token string, ok bool) 
 		return "", 0, "", false
 	}
 	return parts[0], f, parts[2], true
-}
-
-// parseNext parses a message "n:ID:PTTL": the place ID is first in the
-// queue behind a lock just handed over, which expires in PTTL ms unless
-// renewed.
-func parseNext(msg string) (id string, pttl time.Duration, ok bool) {
-	rest, ok := strings.CutPrefix(msg, "n:")
-	if !ok {
-		return "", 0, false
-	}
-	id, n, ok := strings.Cut(rest, ":")
-	ms, err := strconv.ParseInt(n, 10, 64)
-	if !ok || err != nil || ms < 0 {
-		return "", 0, false
-	}
-	return id, time.Duration(ms) * time.Millisecond, true
-}
-
-// nextAfter arms the place's expiry timer when it became first in the
-// queue behind a lock handed over that expires in pttl: should that
-// holder die without a release, the place tries when the lock expires.
-// The notifier calls it with its lock held.
-func (p *place) nextAfter(pttl time.Duration) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed || !p.queued || p.handed != nil {
-		return
-	}
-	if p.expiry != nil {
-		p.expiry.Stop()
-	}
-	p.expiry = time.AfterFunc(pttl+time.Millisecond, p.wake)
 }
