@@ -521,7 +521,33 @@ func (r *Redlock) Acquire(ctx context.Context, key, token string, ttl time.Durat
 		return fmt.Errorf("unexpected script reply %v", res)
 	}, func(errs []error) bool {
 		ok, _, pending := count(errs, nil)
-		return ok >= r.quorum || ok+pending < r.quorum
+		if ok >= r.quorum || ok+pending >= r.quorum {
+			return ok >= r.quorum // granted, or a majority still possible
+		}
+		// No majority for this attempt. Another owner holds the key if
+		// it has a majority of the answers already; nobody does if no
+		// owner can reach one with every node still out. Otherwise the
+		// nodes still out decide between the two (one of them may be
+		// this attempt's own, which would make it a split vote): wait
+		// for them, so that "locked" is not answered for a key nobody
+		// holds.
+		votes := map[string]int{}
+		for i, err := range errs {
+			if errors.Is(err, errLockedHere) {
+				votes[holders[i]]++
+			}
+		}
+		for _, n := range votes {
+			if n >= r.quorum {
+				return true
+			}
+		}
+		for _, n := range votes {
+			if n+pending >= r.quorum {
+				return false
+			}
+		}
+		return true
 	}, lateGrant)
 	nGranted, unknown := 0, 0
 	votes := map[string]int{}
