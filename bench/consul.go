@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -163,10 +164,17 @@ func consulClient(addr string, n *atomic.Int64) *api.Client {
 	return cli
 }
 
-// hotSeparate is hot with a locker per goroutine: the utilisation, the
-// requests per section, and the median gap in µs from one section's end
-// to the next one's start (the handover).
-func hotSeparate(lockers []locker, n *atomic.Int64, d time.Duration) (float64, float64, float64) {
+// sepResult is one measurement of a hot key contended by separate clients.
+type sepResult struct {
+	util    float64 // percent
+	reqs    float64 // client requests per section
+	cmds    float64 // store commands per section (Redis only)
+	gap     float64 // median µs from one section's end to the next one's start
+	busiest float64 // percent of the sections the busiest client ran (100/16 is fair)
+}
+
+// hotSeparate is hot with a locker per goroutine.
+func hotSeparate(lockers []locker, n *atomic.Int64, d time.Duration) sepResult {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	key := fmt.Sprintf("bench/hot/%d", run.Add(1))
@@ -174,10 +182,11 @@ func hotSeparate(lockers []locker, n *atomic.Int64, d time.Duration) (float64, f
 	var lastEnd atomic.Int64 // UnixNano of the last section's end
 	var mu sync.Mutex
 	var gaps []float64
+	per := make([]int64, len(lockers))
 	before := n.Load()
 	start := time.Now()
 	var wg sync.WaitGroup
-	for _, l := range lockers {
+	for i, l := range lockers {
 		wg.Go(func() {
 			for ctx.Err() == nil {
 				unlock, err := l.wait(ctx, key)
@@ -192,14 +201,20 @@ func hotSeparate(lockers []locker, n *atomic.Int64, d time.Duration) (float64, f
 				}
 				hold()
 				sections.Add(1)
+				per[i]++
 				lastEnd.Store(time.Now().UnixNano())
 				unlock(context.Background())
 			}
 		})
 	}
 	wg.Wait()
-	s := sections.Load()
-	return 100 * float64(s) * float64(time.Millisecond) / float64(time.Since(start)), float64(n.Load()-before) / float64(max(s, 1)), median(gaps)
+	s := max(sections.Load(), 1)
+	return sepResult{
+		util:    100 * float64(s) * float64(time.Millisecond) / float64(time.Since(start)),
+		reqs:    float64(n.Load()-before) / float64(s),
+		gap:     median(gaps),
+		busiest: 100 * float64(slices.Max(per)) / float64(s),
+	}
 }
 
 func fatal(err error) {
@@ -316,7 +331,8 @@ func runNetworked(peers []networkedPeer, rounds int, dur, hotDur time.Duration) 
 			st.one = append(st.one, cycles(st.l, 1, dur))
 			u, _, _ := hot(st.l, &counter{}, hotDur)
 			st.shared = append(st.shared, u)
-			u2, q2, _ := hotSeparate(st.sepLockers, st.sepN, hotDur)
+			r2 := hotSeparate(st.sepLockers, st.sepN, hotDur)
+			u2, q2 := r2.util, r2.reqs
 			st.sep, st.sepReqs = append(st.sep, u2), append(st.sepReqs, q2)
 			fmt.Fprintf(os.Stderr, "round %d/%d: %s done\n", r+1, rounds, peers[i].name)
 		}

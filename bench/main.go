@@ -391,10 +391,11 @@ func main() {
 		sep                       []locker // 16 separate clients
 		sepC                      *counter
 		sepUtil, sepReqs, sepCmds []float64
-		sepGap                    []float64
+		sepGap, sepBusiest        []float64
 		wake                      []float64 // wakeFloor, µs (states[0] only)
 		procUtil, procReqs        []float64 // 16 separate processes
 		procCmds, procGap         []float64
+		procBusiest               []float64
 	}
 	newClient := func(c *counter) *goredis.Client {
 		rdb := goredis.NewClient(&goredis.Options{
@@ -443,14 +444,16 @@ func main() {
 			}
 			if want("sep") {
 				before := commands(admin)
-				u, q, g := hotSeparate(st.sep, &st.sepC.n, *hotDur)
-				sections := u / 100 * hotDur.Seconds() / 0.001
+				r := hotSeparate(st.sep, &st.sepC.n, *hotDur)
+				sections := r.util / 100 * hotDur.Seconds() / 0.001
 				cmds := float64(commands(admin)-before-1) / max(sections, 1)
-				st.sepUtil, st.sepReqs, st.sepCmds, st.sepGap = append(st.sepUtil, u), append(st.sepReqs, q), append(st.sepCmds, cmds), append(st.sepGap, g)
+				st.sepUtil, st.sepReqs, st.sepCmds, st.sepGap = append(st.sepUtil, r.util), append(st.sepReqs, r.reqs), append(st.sepCmds, cmds), append(st.sepGap, r.gap)
+				st.sepBusiest = append(st.sepBusiest, r.busiest)
 			}
 			if want("procs") {
-				u, q, c, g := hotProcesses(i, srv.Addr, admin, 16, *hotDur)
-				st.procUtil, st.procReqs, st.procCmds, st.procGap = append(st.procUtil, u), append(st.procReqs, q), append(st.procCmds, c), append(st.procGap, g)
+				r := hotProcesses(i, srv.Addr, admin, 16, *hotDur)
+				st.procUtil, st.procReqs, st.procCmds, st.procGap = append(st.procUtil, r.util), append(st.procReqs, r.reqs), append(st.procCmds, r.cmds), append(st.procGap, r.gap)
+				st.procBusiest = append(st.procBusiest, r.busiest)
 			}
 			if (want("sep") || want("procs")) && i == 0 {
 				st.wake = append(st.wake, wakeFloor(newClient(&counter{}), newClient(&counter{})))
@@ -474,22 +477,22 @@ func main() {
 	if want("sep") {
 		fmt.Println("Hot key, 16 separate clients (each its own go-redis client and peer instance, as separate processes would be), 1ms hold:")
 		fmt.Println()
-		fmt.Println("| peer | utilisation | client requests per section | Redis commands per section | median handover gap |")
-		fmt.Println("|---|---|---|---|---|")
+		fmt.Println("| peer | utilisation | client requests per section | Redis commands per section | median handover gap | busiest client's sections |")
+		fmt.Println("|---|---|---|---|---|---|")
 		for i, p := range peers {
 			st := states[i]
-			fmt.Printf("| %s | %.1f%% | %.1f | %.1f | %.0f µs |\n", p.name, median(st.sepUtil), median(st.sepReqs), median(st.sepCmds), median(st.sepGap))
+			fmt.Printf("| %s | %.1f%% | %.1f | %.1f | %.0f µs | %.0f%% |\n", p.name, median(st.sepUtil), median(st.sepReqs), median(st.sepCmds), median(st.sepGap), median(st.sepBusiest))
 		}
 		fmt.Println()
 	}
 	if want("procs") {
 		fmt.Println("Hot key, 16 separate processes (each a copy of this program with its own go-redis client and peer instance), 1ms hold:")
 		fmt.Println()
-		fmt.Println("| peer | utilisation | client requests per section | Redis commands per section | median handover gap |")
-		fmt.Println("|---|---|---|---|---|")
+		fmt.Println("| peer | utilisation | client requests per section | Redis commands per section | median handover gap | busiest process's sections |")
+		fmt.Println("|---|---|---|---|---|---|")
 		for i, p := range peers {
 			st := states[i]
-			fmt.Printf("| %s | %.1f%% | %.1f | %.1f | %.0f µs |\n", p.name, median(st.procUtil), median(st.procReqs), median(st.procCmds), median(st.procGap))
+			fmt.Printf("| %s | %.1f%% | %.1f | %.1f | %.0f µs | %.0f%% |\n", p.name, median(st.procUtil), median(st.procReqs), median(st.procCmds), median(st.procGap), median(st.procBusiest))
 		}
 		fmt.Println()
 	}

@@ -58,7 +58,8 @@ func TestProbeHot(t *testing.T) {
 	}
 	hotSeparate(ls, n, time.Second)
 	methods = sync.Map{}
-	u, q, _ := hotSeparate(ls, n, 3*time.Second)
+	r := hotSeparate(ls, n, 3*time.Second)
+	u, q := r.util, r.reqs
 	secs := u / 100 * 3 / 0.001
 	fmt.Printf("util %.1f%% reqs/section %.1f sections %.0f\n", u, q, secs)
 	var keys []string

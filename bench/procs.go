@@ -106,10 +106,8 @@ func maybeChild() bool {
 	return true
 }
 
-// hotProcesses runs the hot key with n child processes of peer pi for d:
-// the utilisation, requests per section, Redis commands per section and
-// the median gap (µs) from one section's end to the next one's start.
-func hotProcesses(pi int, addr string, admin *goredis.Client, n int, d time.Duration) (util, reqs, cmds, gap float64) {
+// hotProcesses runs the hot key with n child processes of peer pi for d.
+func hotProcesses(pi int, addr string, admin *goredis.Client, n int, d time.Duration) sepResult {
 	exe, err := os.Executable()
 	if err != nil {
 		fatal(err)
@@ -155,7 +153,7 @@ func hotProcesses(pi int, addr string, admin *goredis.Client, n int, d time.Dura
 		fmt.Fprintln(c.in, start.UnixNano())
 	}
 	var all [][2]int64
-	var requests int64
+	var requests, busiest int64
 	for _, c := range children {
 		var rep childReport
 		if err := json.NewDecoder(c.out).Decode(&rep); err != nil {
@@ -166,10 +164,11 @@ func hotProcesses(pi int, addr string, admin *goredis.Client, n int, d time.Dura
 		}
 		all = append(all, rep.Sections...)
 		requests += rep.Requests
+		busiest = max(busiest, int64(len(rep.Sections)))
 	}
 	cmdsRun := float64(commands(admin) - before - 1)
 	if len(all) == 0 {
-		return 0, 0, 0, 0
+		return sepResult{}
 	}
 	sort.Slice(all, func(i, j int) bool { return all[i][0] < all[j][0] })
 	var gaps []float64
@@ -183,5 +182,11 @@ func hotProcesses(pi int, addr string, admin *goredis.Client, n int, d time.Dura
 	}
 	wall := time.Duration(max(last, start.Add(d).UnixNano()) - start.UnixNano())
 	secs := float64(len(all))
-	return 100 * secs * float64(time.Millisecond) / float64(wall), float64(requests) / secs, cmdsRun / secs, median(gaps)
+	return sepResult{
+		util:    100 * secs * float64(time.Millisecond) / float64(wall),
+		reqs:    float64(requests) / secs,
+		cmds:    cmdsRun / secs,
+		gap:     median(gaps),
+		busiest: 100 * float64(busiest) / secs,
+	}
 }
