@@ -390,12 +390,9 @@ func main() {
 		one, own, util, reqs, gap []float64
 		sep                       []locker // 16 separate clients
 		sepC                      *counter
-		sepUtil, sepReqs, sepCmds []float64
-		sepGap, sepBusiest        []float64
-		wake                      []float64 // wakeFloor, µs (states[0] only)
-		procUtil, procReqs        []float64 // 16 separate processes
-		procCmds, procGap         []float64
-		procBusiest               []float64
+		sepRuns                   []sepResult
+		wake                      []float64   // wakeFloor, µs (states[0] only)
+		procRuns                  []sepResult // 16 separate processes
 	}
 	newClient := func(c *counter) *goredis.Client {
 		rdb := goredis.NewClient(&goredis.Options{
@@ -447,13 +444,12 @@ func main() {
 				r := hotSeparate(st.sep, &st.sepC.n, *hotDur)
 				sections := r.util / 100 * hotDur.Seconds() / 0.001
 				cmds := float64(commands(admin)-before-1) / max(sections, 1)
-				st.sepUtil, st.sepReqs, st.sepCmds, st.sepGap = append(st.sepUtil, r.util), append(st.sepReqs, r.reqs), append(st.sepCmds, cmds), append(st.sepGap, r.gap)
-				st.sepBusiest = append(st.sepBusiest, r.busiest)
+				r.cmds = cmds
+				st.sepRuns = append(st.sepRuns, r)
 			}
 			if want("procs") {
 				r := hotProcesses(i, srv.Addr, admin, 16, *hotDur)
-				st.procUtil, st.procReqs, st.procCmds, st.procGap = append(st.procUtil, r.util), append(st.procReqs, r.reqs), append(st.procCmds, r.cmds), append(st.procGap, r.gap)
-				st.procBusiest = append(st.procBusiest, r.busiest)
+				st.procRuns = append(st.procRuns, r)
 			}
 			if (want("sep") || want("procs")) && i == 0 {
 				st.wake = append(st.wake, wakeFloor(newClient(&counter{}), newClient(&counter{})))
@@ -474,33 +470,30 @@ func main() {
 			res[i].utilisation, res[i].requests, res[i].gap = median(st.util), median(st.reqs), median(st.gap)
 		}
 	}
-	if want("sep") {
-		fmt.Println("Hot key, 16 separate clients (each its own go-redis client and peer instance, as separate processes would be), 1ms hold:")
+	sepTable := func(title, who string, runs func(st *state) []sepResult) {
+		fmt.Println(title)
 		fmt.Println()
-		fmt.Println("| peer | utilisation | client requests per section | Redis commands per section | median handover gap | busiest client's sections |")
+		fmt.Printf("| peer | utilisation | client requests per section | Redis commands per section | median handover gap | busiest %s's sections |\n", who)
 		fmt.Println("|---|---|---|---|---|---|")
 		for i, p := range peers {
-			st := states[i]
-			fmt.Printf("| %s | %.1f%% | %.1f | %.1f | %.0f µs | %.0f%% |\n", p.name, median(st.sepUtil), median(st.sepReqs), median(st.sepCmds), median(st.sepGap), median(st.sepBusiest))
+			m := medianSep(runs(states[i]))
+			fmt.Printf("| %s | %.1f%% | %.1f | %.1f | %.0f µs | %.0f%% |\n", p.name, m.util, m.reqs, m.cmds, m.gap, m.busiest)
 		}
 		fmt.Println()
+	}
+	if want("sep") {
+		sepTable("Hot key, 16 separate clients (each its own go-redis client and peer instance, as separate processes would be), 1ms hold:", "client", func(st *state) []sepResult { return st.sepRuns })
 	}
 	if want("procs") {
-		fmt.Println("Hot key, 16 separate processes (each a copy of this program with its own go-redis client and peer instance), 1ms hold:")
-		fmt.Println()
-		fmt.Println("| peer | utilisation | client requests per section | Redis commands per section | median handover gap | busiest process's sections |")
+		sepTable("Hot key, 16 separate processes (each a copy of this program with its own go-redis client and peer instance), 1ms hold:", "process", func(st *state) []sepResult { return st.procRuns })
+	}
+	if want("one") || want("own") || want("hot") {
+		fmt.Println("| peer | one goroutine, cycles/s | 32 goroutines own keys, cycles/s | hot key 1ms hold: utilisation | requests per section | gap between sections, median |")
 		fmt.Println("|---|---|---|---|---|---|")
 		for i, p := range peers {
-			st := states[i]
-			fmt.Printf("| %s | %.1f%% | %.1f | %.1f | %.0f µs | %.0f%% |\n", p.name, median(st.procUtil), median(st.procReqs), median(st.procCmds), median(st.procGap), median(st.procBusiest))
+			r := res[i]
+			fmt.Printf("| %s | %.0f | %.0f | %.1f%% | %.1f | %.0fus |\n", p.name, r.one, r.own, r.utilisation, r.requests, r.gap)
 		}
-		fmt.Println()
-	}
-	fmt.Println("| peer | one goroutine, cycles/s | 32 goroutines own keys, cycles/s | hot key 1ms hold: utilisation | requests per section | gap between sections, median |")
-	fmt.Println("|---|---|---|---|---|---|")
-	for i, p := range peers {
-		r := res[i]
-		fmt.Printf("| %s | %.0f | %.0f | %.1f%% | %.1f | %.0fus |\n", p.name, r.one, r.own, r.utilisation, r.requests, r.gap)
 	}
 	lockR, redislockR, floorR := res[0], res[1], res[len(res)-1]
 	fmt.Println()
@@ -535,28 +528,44 @@ func main() {
 		check("hot key utilisation", lockR.utilisation, 90, "%", true)
 		check("hot key requests per section", lockR.requests, 3, "", false)
 	}
-	if want("sep") {
-		check("hot key, 16 clients: utilisation", median(states[0].sepUtil), 90, "%", true)
-		check("hot key, 16 clients: requests per section", median(states[0].sepReqs), 3, "", false)
+	sepChecks := func(what string, runs func(st *state) []sepResult) {
+		m := medianSep(runs(states[0]))
+		check("hot key, 16 "+what+": utilisation", m.util, 90, "%", true)
+		check("hot key, 16 "+what+": requests per section", m.reqs, 3, "", false)
 		fewest := math.Inf(1)
 		for _, st := range states[1:] {
-			fewest = min(fewest, median(st.sepCmds))
+			fewest = min(fewest, medianSep(runs(st)).cmds)
 		}
-		check("16 clients: Redis commands / fewest peer's", median(states[0].sepCmds)/fewest, 1, "x", false)
+		check("16 "+what+": Redis commands / fewest peer's", m.cmds/fewest, 1, "x", false)
+	}
+	if want("sep") {
+		sepChecks("clients", func(st *state) []sepResult { return st.sepRuns })
 	}
 	if want("procs") {
-		check("hot key, 16 processes: utilisation", median(states[0].procUtil), 90, "%", true)
-		check("hot key, 16 processes: requests per section", median(states[0].procReqs), 3, "", false)
-		fewest := math.Inf(1)
-		for _, st := range states[1:] {
-			fewest = min(fewest, median(st.procCmds))
-		}
-		check("16 processes: Redis commands / fewest peer's", median(states[0].procCmds)/fewest, 1, "x", false)
+		sepChecks("processes", func(st *state) []sepResult { return st.procRuns })
 	}
 	if want("sep") || want("procs") {
 		w := median(states[0].wake)
 		fmt.Printf("  %-44s %8.0fµs (a 1ms section's end to an idle client's receipt of a PUBLISH: the least any handover to a waiter that sleeps can take)\n", "wake-up floor, this run", w)
 		fmt.Printf("  %-44s %8.1f%% (1ms / (1ms + the floor))\n", "utilisation ceiling of a sleeping waiter", 100*1000/(1000+w))
+	}
+}
+
+// medianSep returns the median of each figure of runs.
+func medianSep(runs []sepResult) sepResult {
+	of := func(f func(r sepResult) float64) float64 {
+		xs := make([]float64, len(runs))
+		for i, r := range runs {
+			xs[i] = f(r)
+		}
+		return median(xs)
+	}
+	return sepResult{
+		util:    of(func(r sepResult) float64 { return r.util }),
+		reqs:    of(func(r sepResult) float64 { return r.reqs }),
+		cmds:    of(func(r sepResult) float64 { return r.cmds }),
+		gap:     of(func(r sepResult) float64 { return r.gap }),
+		busiest: of(func(r sepResult) float64 { return r.busiest }),
 	}
 }
 
