@@ -251,14 +251,7 @@ func TestCutOffWaiterGetsNoStaleHandover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan *lock.Lease, 1)
-	go func() {
-		wl, err := waiter.Acquire(ctx, "k")
-		if err != nil {
-			t.Errorf("waiter's Acquire: %v", err)
-		}
-		got <- wl
-	}()
+	got := queuetest.AcquireLater(ctx, t, waiter, "k")
 	waitFor(t, "the waiter to queue", func() bool {
 		kvs, _, _ := cli.KV().List(consul.DefaultPrefix+"k/q/", nil)
 		return len(kvs) == 1

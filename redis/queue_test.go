@@ -208,14 +208,7 @@ func TestHandoverWithRepliesHeld(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan *lock.Lease, 1)
-	go func() {
-		wl, err := waiter.Acquire(ctx, "k")
-		if err != nil {
-			t.Errorf("waiter's Acquire: %v", err)
-		}
-		got <- wl
-	}()
+	got := queuetest.AcquireLater(ctx, t, waiter, "k")
 	deadline := time.Now().Add(5 * time.Second)
 	for rdb.ZCard(ctx, "lock:{k}:q").Val() != 1 {
 		if time.Now().After(deadline) {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/distlock/lock"
 	"github.com/distlock/lock/backend"
 )
 
@@ -106,4 +107,19 @@ func (w *Waiter) Handed(t *testing.T, who string) backend.Handover {
 	}
 	w.Q.Close(true)
 	return h
+}
+
+// AcquireLater starts c.Acquire(ctx, key) on a goroutine of its own; the
+// channel carries the lease it returns (nil after an error, which fails
+// t).
+func AcquireLater(ctx context.Context, t *testing.T, c *lock.Client, key string) <-chan *lock.Lease {
+	got := make(chan *lock.Lease, 1)
+	go func() {
+		l, err := c.Acquire(ctx, key)
+		if err != nil {
+			t.Errorf("waiter's Acquire: %v", err)
+		}
+		got <- l
+	}()
+	return got
 }
