@@ -50,18 +50,25 @@
 //
 // A lease grant is a Raft write of its own, as costly as the transaction, so
 // the backend reuses leases: a released lock's lease goes back to a pool of
-// idle leases of its TTL, and the next acquisition with that TTL refreshes
-// one with a keep-alive, which is not a Raft write, sent just before its
-// transaction and answered while it runs (one round trip for both). The
-// keep-alives of a backend share one long-lived stream (see refresher).
+// idle leases of its TTL, and the next acquisition with that TTL takes one.
+// A lease lives one second longer than the lock's TTL (rounded up to
+// seconds), so a lease refreshed less than half a second before the
+// acquire was sent still has more than the lock's TTL left and carries it
+// as it is: back-to-back acquisitions send one keep-alive every half
+// second, not one each. An older lease is refreshed with a keep-alive,
+// which is not a Raft write, sent just before the transaction and answered
+// while it runs (one round trip for both). The keep-alives of a backend
+// share one long-lived stream (see refresher).
 // An acquisition thus costs one Raft write (two when no idle lease is at
 // hand: after a pause longer than the TTL, or with more locks held at once
 // than ever before), a contended attempt one (it queues the waiter), a
 // release one (with the handover to the next waiter, if any), a renewal
 // none, and a wait that ends with a handover nothing more; a wait given up
-// costs a revoke. The keep-alive is sent after the caller's send time and
-// the grant is reported only when it succeeded, so the store keeps the lock
-// at least the TTL from the request, however long the lease sat idle. A
+// costs a revoke. Either the lease's latest confirmed refresh left it more
+// than the TTL from the request, or the keep-alive is sent after the
+// caller's send time and the grant is reported only when it succeeded, so
+// the store keeps the lock at least the TTL from the request, however long
+// the lease sat idle. A
 // waiter's attempt that the backend's view of the key says will queue
 // sends no keep-alive when its lease was refreshed less than a third of its
 // TTL ago (the record lives, and the waiter keeps its lease alive while it
@@ -96,11 +103,12 @@
 //	                          | defaults), which the grant then reports
 //	earliest expiry           | never before the TTL from when the leader applied the
 //	                          | grant or keep-alive, which is after the request left
-//	latest expiry             | normally the rounded TTL plus up to 0.5s (the leader
-//	                          | looks for expired leases twice a second) plus a Raft
-//	                          | commit; a new leader restarts every lease's full TTL
-//	                          | plus one election timeout when it takes over. Declared:
-//	                          | 2 x TTL + 2s + 3 election timeouts + 0.6s
+//	latest expiry             | normally the rounded TTL plus the lease's extra second
+//	                          | plus up to 0.5s (the leader looks for expired leases
+//	                          | twice a second) plus a Raft commit; a new leader
+//	                          | restarts every lease's full TTL plus one election
+//	                          | timeout when it takes over. Declared:
+//	                          | 2 x TTL + 4s + 3 election timeouts + 0.6s
 //	                          | (see WithElectionTimeout)
 //	member failure            | a follower's failure changes nothing; the leader's
 //	                          | failure stalls requests for an election, and extends
@@ -115,7 +123,8 @@
 //	                          | the lock to the head, or wakes it alone. A waiter
 //	                          | that died at the head, or was handed the lock, holds
 //	                          | the others up until its lease expires: at most its TTL
-//	                          | after its last keep-alive (plus the leader's scan)
+//	                          | plus one second after its last keep-alive (plus the
+//	                          | leader's scan)
 //
 // Leases expire by the leader's monotonic clock, so a stepped wall clock
 // changes nothing. Locks that expire at once are revoked at up to 1,000 a
@@ -281,6 +290,34 @@ func seconds(ttl time.Duration) int64 {
 	return max(1, int64((ttl+time.Second-1)/time.Second))
 }
 
+// The lease of a lock, and of a waiter's queue record, lives reserveSecs
+// longer than the lock's TTL in seconds: a lease whose latest confirmed
+// refresh was sent less than unrefreshedWindow before an acquire still
+// has more than the lock's TTL left when the store receives it, so the
+// acquire needs no refresh of its own. Why this keeps the contract (the
+// store keeps the lock at least its TTL from the request): the store keeps
+// a lease at least its TTL from the send time of its latest confirmed
+// grant or keep-alive, call it r (a keep-alive only extends a lease, and a
+// new leader restarts a lease's full TTL); an acquire sent at s < r +
+// unrefreshedWindow thus holds the key until r + secs + reserveSecs > s +
+// secs + (reserveSecs - unrefreshedWindow). The half second left over is
+// more than the clocks' drift over that interval. The cost: a holder that
+// stops renewing (it crashed) keeps its lock up to one second longer; see
+// latest expiry in the package doc.
+const (
+	reserveSecs       = 1
+	unrefreshedWindow = time.Second / 2
+)
+
+// leaseSecs is the TTL of the leases of locks of secs seconds.
+func leaseSecs(secs int64) int64 { return secs + reserveSecs }
+
+// lockTTL is what a lease of leaseTTL seconds, refreshed after the
+// request, promises the lock it carries.
+func lockTTL(leaseTTL int64) time.Duration {
+	return time.Duration(leaseTTL-reserveSecs) * time.Second
+}
+
 func (b *Backend) check() error {
 	if b.closed.Load() {
 		return backend.ErrClosed
@@ -311,19 +348,32 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Durat
 		return p.Acquire(ctx, token, ttl) // a waiter of Watch
 	}
 	secs := seconds(ttl)
-	if id, _ := b.leases.take(secs); id != clientv3.NoLease {
-		g, err := b.acquireOnIdle(ctx, key, token, secs, id)
+	if id, refreshed := b.leases.take(secs); id != clientv3.NoLease {
+		var g backend.Grant
+		var err error
+		if sent := time.Now(); sent.Sub(refreshed) < unrefreshedWindow {
+			// Refreshed recently enough to carry the lock as it is
+			// (see reserveSecs).
+			g, err = b.acquireOn(ctx, key, token, secs, id, sent, refreshed, time.Duration(secs)*time.Second, nil)
+		} else {
+			g, err = b.acquireOnIdle(ctx, key, token, secs, id)
+		}
 		if !errors.Is(err, errLeaseGone) {
 			return g, err
 		}
-		// The idle lease expired meanwhile: take a new one.
+		// The idle lease expired (or was revoked) meanwhile: take a
+		// new one.
 	}
 	sent := time.Now()
-	resp, err := b.cli.Grant(ctx, secs)
+	resp, err := b.cli.Grant(ctx, leaseSecs(secs))
 	if err != nil {
 		return backend.Grant{}, storeErr(ctx, "acquire: lease", err)
 	}
-	return b.acquireOn(ctx, key, token, secs, resp.ID, sent, time.Duration(resp.TTL)*time.Second, nil)
+	g, err := b.acquireOn(ctx, key, token, secs, resp.ID, sent, sent, lockTTL(resp.TTL), nil)
+	if errors.Is(err, errLeaseGone) {
+		err = fmt.Errorf("etcd: acquire: lease %x, granted for it, was revoked before the transaction ran (by another client?)", resp.ID)
+	}
+	return g, err
 }
 
 // errLeaseGone: the acquire's lease did not exist, and the transaction did
@@ -346,12 +396,14 @@ func (b *Backend) acquireOnIdle(ctx context.Context, key, token string, secs int
 	if err != nil {
 		return backend.Grant{}, storeErr(ctx, "acquire: keep-alive", err)
 	}
-	return b.acquireOn(ctx, key, token, secs, id, sent, 0, ka)
+	return b.acquireOn(ctx, key, token, secs, id, sent, sent, 0, ka)
 }
 
-// acquireOn runs the acquire transaction on lease id, sent at sent: of
-// granted TTL, or refreshed by the keep-alive whose answer comes on ka.
-func (b *Backend) acquireOn(ctx context.Context, key, token string, secs int64, id clientv3.LeaseID, sent time.Time, granted time.Duration, ka <-chan kaAnswer) (backend.Grant, error) {
+// acquireOn runs the acquire transaction on lease id, sent at sent: a
+// lease whose latest confirmed refresh was sent at refreshed, which
+// promises the lock granted, or refreshed by the keep-alive whose answer
+// comes on ka (sent after sent).
+func (b *Backend) acquireOn(ctx context.Context, key, token string, secs int64, id clientv3.LeaseID, sent, refreshed time.Time, granted time.Duration, ka <-chan kaAnswer) (backend.Grant, error) {
 	lk, tk := b.lockKeyOf(key), b.tombKeyOf(key, token)
 	// Besides the key and the token, the queue of waiters: an acquire
 	// that does not wait (see queue.go for those that do) takes the key
@@ -386,24 +438,28 @@ func (b *Backend) acquireOn(ctx context.Context, key, token string, secs int64, 
 		case kerr != nil:
 			// The lease's expiry is unknown: the key, if attached,
 			// may go earlier than the TTL from sent.
-			b.leases.attach(lk, token, id, secs, sent, true, true)
+			b.leases.attach(lk, token, id, secs, refreshed, true, true)
 			return backend.Grant{}, storeErr(ctx, "acquire: keep-alive", errors.Join(kerr, err))
 		}
-		granted = time.Duration(kttl) * time.Second
+		granted = lockTTL(kttl)
+	} else if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		// The lease is gone (revoked from outside, say): the
+		// transaction did nothing, and nothing can attach to it later.
+		return backend.Grant{}, errLeaseGone
 	}
 	if err != nil {
 		// The key may be attached to the lease now or later: the
 		// release that package lock sends to undo this attempt finds
 		// the lease here and revokes it.
-		b.leases.attach(lk, token, id, secs, sent, true, false)
+		b.leases.attach(lk, token, id, secs, refreshed, true, false)
 		return backend.Grant{}, storeErr(ctx, "acquire", err)
 	}
 	if resp.Succeeded {
-		b.leases.attach(lk, token, id, secs, sent, false, false)
+		b.leases.attach(lk, token, id, secs, refreshed, false, false)
 		return backend.Grant{Fence: uint64(resp.Header.Revision), TTL: granted}, nil
 	}
 	if reuse {
-		b.leases.idle(id, secs, sent) // the transaction attached nothing to it
+		b.leases.idle(id, secs, refreshed) // the transaction attached nothing to it
 	}
 	if resp.Responses[0].GetResponseRange().Count > 0 {
 		return backend.Grant{}, errDead
@@ -468,11 +524,11 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 		b.revoke(ctx, id)
 		return backend.Grant{}, backend.ErrNotHeld
 	}
-	if secs := seconds(ttl); kttl < secs {
-		return backend.Grant{}, fmt.Errorf("%w: etcd: renew for %v, but the lock's lease has a TTL of %ds, fixed when it was acquired; renew with the TTL of the acquire", backend.ErrInvalid, ttl, kttl)
+	if got := lockTTL(kttl); got < time.Duration(seconds(ttl))*time.Second {
+		return backend.Grant{}, fmt.Errorf("%w: etcd: renew for %v, but the lock's lease keeps it %v, fixed when it was acquired; renew with the TTL of the acquire", backend.ErrInvalid, ttl, got)
 	}
 	ok = true
-	return backend.Grant{Fence: uint64(resp.Kvs[0].ModRevision), TTL: time.Duration(kttl) * time.Second}, nil
+	return backend.Grant{Fence: uint64(resp.Kvs[0].ModRevision), TTL: lockTTL(kttl)}, nil
 }
 
 // Tombstone values: the token released the lock, or did not hold it.
@@ -674,14 +730,15 @@ func capabilities(o options) backend.Capabilities {
 	return backend.Capabilities{
 		MinTTL:      MinTTL,
 		Granularity: time.Second,
-		// A new leader restarts every lease's full (rounded) TTL, plus
-		// an election timeout, when it takes over, which can be just
+		// A new leader restarts every lease's full TTL (the lock's,
+		// rounded up to seconds, plus the reserve second), plus an
+		// election timeout, when it takes over, which can be just
 		// before the lease would have expired, an election or two after
-		// the old leader failed: 2 x the TTL rounded up to seconds (at
-		// most 2 x TTL + 2s), 3 election timeouts, and the leader's
-		// half-second scan for expired leases with the revoke's commit.
+		// the old leader failed: 2 x the lease's TTL (at most 2 x TTL +
+		// 4s), 3 election timeouts, and the leader's half-second scan
+		// for expired leases with the revoke's commit.
 		ExpiryFactor: 2,
-		ExpirySlack:  2*time.Second + 3*o.electionTimeout + 600*time.Millisecond,
+		ExpirySlack:  2*(1+reserveSecs)*time.Second + 3*o.electionTimeout + 600*time.Millisecond,
 		DurableFence: true,
 		FIFO:         true,
 	}

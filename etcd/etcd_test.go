@@ -5,6 +5,7 @@ import (
 	crand "crypto/rand"
 	"encoding/hex"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -217,6 +218,83 @@ func TestReusedLeaseExpiryNotEarly(t *testing.T) {
 	}
 	if held := time.Since(sent); held < ttl {
 		t.Fatalf("the lock on a lease idle for %v expired %v after the acquire was sent; want at least its TTL %v", sent.Sub(idleSince).Round(time.Millisecond), held.Round(time.Millisecond), ttl)
+	}
+}
+
+// A lease refreshed less than the unrefreshed window ago carries the next
+// lock without a keep-alive: the store must still keep that lock at least
+// its TTL from the acquire's send, which only the lease's extra second
+// makes true. The lease is reused as late in the window as the test can
+// manage, and the store's expiry for it is read back: it must not come
+// before the send plus the TTL. Were leases as long as the lock's TTL, it
+// would come ~0.4s early, and this test fails.
+func TestReusedLeaseWithoutRefreshKeepsTheTTL(t *testing.T) {
+	srv := startEtcd(t)
+	b, cli := newBackend(t, srv.Addr)
+	ctx := ctxFor(t)
+	const ttl = 2 * time.Second
+	var kas atomic.Int64
+	etcd.AfterKeepAliveSent(b, func() { kas.Add(1) })
+	granted := time.Now() // the lease's grant goes after this
+	tok := newToken()
+	if _, err := b.Acquire(ctx, "k", tok, ttl); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if err := b.Release(ctx, "k", tok); err != nil { // the lease goes idle
+		t.Fatalf("Release: %v", err)
+	}
+	time.Sleep(time.Until(granted.Add(etcd.UnrefreshedWindow - 80*time.Millisecond)))
+	kas.Store(0)
+	before := raftIndex(ctx, t, cli)
+	sent := time.Now()
+	tok = newToken()
+	g, err := b.Acquire(ctx, "k", tok, ttl)
+	if err != nil {
+		t.Fatalf("Acquire on the idle lease: %v", err)
+	}
+	if writes := raftIndex(ctx, t, cli) - before; writes != 1 || kas.Load() != 0 {
+		t.Fatalf("%d Raft writes and %d keep-alives for the acquire; want 1 and 0 (the idle lease reused as it is): the case tests nothing", writes, kas.Load())
+	}
+	if g.TTL < ttl {
+		t.Fatalf("granted TTL %v; want at least %v", g.TTL, ttl)
+	}
+	resp, err := cli.Get(ctx, "", clientv3.WithPrefix())
+	if err != nil {
+		t.Fatalf("Get: %v", err)
+	}
+	var id clientv3.LeaseID
+	for _, kv := range resp.Kvs {
+		if string(kv.Value) == tok {
+			id = clientv3.LeaseID(kv.Lease)
+		}
+	}
+	if id == clientv3.NoLease {
+		t.Fatal("the lock key is not on the store")
+	}
+	leaseLastsTTL(ctx, t, cli, id, sent, ttl)
+}
+
+// leaseLastsTTL fails t when the store expires lease id, which carries a
+// lock acquired with a request sent at sent, less than ttl after sent. It
+// returns when the lease is about to expire.
+func leaseLastsTTL(ctx context.Context, t *testing.T, cli *clientv3.Client, id clientv3.LeaseID, sent time.Time, ttl time.Duration) {
+	t.Helper()
+	// The store reports a lease's remaining TTL in whole seconds, rounded
+	// down: the first answer of 0 comes less than a second before the
+	// lease expires, so the expiry is before that answer's arrival plus
+	// one second.
+	for {
+		left, err := cli.TimeToLive(ctx, id)
+		if err != nil {
+			t.Fatalf("TimeToLive: %v", err)
+		}
+		if left.TTL <= 0 {
+			if latest := time.Since(sent) + time.Second; latest < ttl {
+				t.Fatalf("the store expires the lock less than %v after the acquire was sent; want at least its TTL %v", latest.Round(time.Millisecond), ttl)
+			}
+			return
+		}
+		time.Sleep(10 * time.Millisecond) // poll the store's clock until the lease is about to expire
 	}
 }
 

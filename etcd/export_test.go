@@ -2,6 +2,7 @@ package etcd
 
 import (
 	"context"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -29,3 +30,20 @@ func BreakKeepAliveStream(b *Backend) {
 // queue (or none, with false), whatever the store shows: set it before b
 // is used.
 func PredictRefusal(b *Backend, refused bool) { b.queues.refusable = func() bool { return refused } }
+
+// AgeIdleLeases makes b's idle leases look d older than they are: their
+// latest confirmed refresh moves d earlier (which only makes the backend
+// more careful with them).
+func AgeIdleLeases(b *Backend, d time.Duration) {
+	b.leases.mu.Lock()
+	defer b.leases.mu.Unlock()
+	for _, p := range b.leases.pool {
+		for i := range p {
+			p[i].refreshed = p[i].refreshed.Add(-d)
+		}
+	}
+}
+
+// UnrefreshedWindow is how recently an idle lease must have been refreshed
+// to carry a lock without a refresh of its own.
+const UnrefreshedWindow = unrefreshedWindow

@@ -569,48 +569,54 @@ func (p *place) Acquire(ctx context.Context, token string, ttl time.Duration) (b
 	}
 }
 
-// leaseFor returns the lease for an attempt, and when the attempt was
-// sent: the place's own or an idle one, refreshed by a keep-alive whose
-// answer comes on ka, or a new one (granted its TTL). When the attempt
-// will most likely queue (refusable), a lease refreshed less than a third
-// of its TTL ago is not refreshed (ka nil, granted 0): its record lives,
-// and the place keeps it alive from then on; should the attempt take the
-// key after all, try refreshes the lease before it reports the grant.
-func (p *place) leaseFor(ctx context.Context, secs int64, refusable bool) (id clientv3.LeaseID, sent time.Time, ka <-chan kaAnswer, granted time.Duration, err error) {
+// leaseFor returns the lease for an attempt, when the attempt was sent,
+// and the send time of the lease's latest confirmed refresh: the place's
+// own lease or an idle one, refreshed by a keep-alive whose answer comes on
+// ka (refreshed is then sent), or a new one (granted its TTL). A lease
+// refreshed less than unrefreshedWindow ago carries a lock as it is (see
+// reserveSecs; ka nil, granted the TTL). When the attempt will most likely
+// queue (refusable), a lease refreshed less than a third of its TTL ago is
+// not refreshed either (ka nil, granted 0): its record lives, and the
+// place keeps it alive from then on; should the attempt take the key after
+// all, try refreshes the lease before it reports the grant.
+func (p *place) leaseFor(ctx context.Context, secs int64, refusable bool) (id clientv3.LeaseID, sent, refreshed time.Time, ka <-chan kaAnswer, granted time.Duration, err error) {
 	b := p.qs.b
 	p.qs.mu.Lock()
 	if p.lease != clientv3.NoLease && p.secs != secs {
 		p.qs.mu.Unlock()
-		return 0, time.Time{}, nil, 0, fmt.Errorf("%w: etcd: a waiter's acquires must use one TTL; the first asked for %ds, this one %ds", backend.ErrInvalid, p.secs, secs)
+		return 0, time.Time{}, time.Time{}, nil, 0, fmt.Errorf("%w: etcd: a waiter's acquires must use one TTL; the first asked for %ds, this one %ds", backend.ErrInvalid, p.secs, secs)
 	}
-	id, refreshed := p.lease, p.refreshed
+	id, refreshed = p.lease, p.refreshed
 	p.qs.mu.Unlock()
 	if id == clientv3.NoLease {
 		id, refreshed = b.leases.take(secs)
 	}
 	sent = time.Now()
-	fresh := time.Since(refreshed) < time.Duration(secs)*time.Second/3
+	confirmed := refreshed
 	switch {
-	case id != clientv3.NoLease && refusable && fresh:
+	case id != clientv3.NoLease && sent.Sub(refreshed) < unrefreshedWindow:
+		granted = time.Duration(secs) * time.Second
+	case id != clientv3.NoLease && refusable && sent.Sub(refreshed) < time.Duration(secs)*time.Second/3:
 	case id != clientv3.NoLease:
 		ka, err = b.ka.start(id)
 		if err != nil {
-			return 0, time.Time{}, nil, 0, storeErr(ctx, "acquire: keep-alive", err)
+			return 0, time.Time{}, time.Time{}, nil, 0, storeErr(ctx, "acquire: keep-alive", err)
 		}
+		refreshed = sent // once the keep-alive is confirmed
 	default:
-		resp, err := b.cli.Grant(ctx, secs)
+		resp, err := b.cli.Grant(ctx, leaseSecs(secs))
 		if err != nil {
-			return 0, time.Time{}, nil, 0, storeErr(ctx, "acquire: lease", err)
+			return 0, time.Time{}, time.Time{}, nil, 0, storeErr(ctx, "acquire: lease", err)
 		}
-		id, granted, refreshed = resp.ID, time.Duration(resp.TTL)*time.Second, sent
+		id, granted, refreshed, confirmed = resp.ID, lockTTL(resp.TTL), sent, sent
 	}
 	p.qs.mu.Lock()
 	p.lease, p.secs = id, secs
-	if refreshed.After(p.refreshed) {
-		p.refreshed = refreshed
+	if confirmed.After(p.refreshed) {
+		p.refreshed = confirmed
 	}
 	p.qs.mu.Unlock()
-	return id, sent, ka, granted, nil
+	return id, sent, refreshed, ka, granted, nil
 }
 
 // refusableLocked reports whether an attempt of p will most likely find
@@ -645,7 +651,7 @@ func (p *place) try(ctx context.Context, token string, secs int64) (backend.Gran
 	p.qs.mu.Lock()
 	refusable := p.refusableLocked()
 	p.qs.mu.Unlock()
-	id, sent, ka, granted, err := p.leaseFor(ctx, secs, refusable)
+	id, sent, refreshed, ka, granted, err := p.leaseFor(ctx, secs, refusable)
 	if err != nil {
 		return backend.Grant{}, err
 	}
@@ -717,7 +723,7 @@ func (p *place) try(ctx context.Context, token string, secs int64) (backend.Gran
 			b.leases.attach(lk, token, id, secs, sent, true, true)
 			return backend.Grant{}, storeErr(ctx, "acquire: keep-alive", errors.Join(kerr, err))
 		default:
-			granted = time.Duration(kttl) * time.Second
+			granted = lockTTL(kttl)
 			p.refreshedAt(sent)
 		}
 	} else if errors.Is(err, rpctypes.ErrLeaseNotFound) {
@@ -741,21 +747,21 @@ func (p *place) try(ctx context.Context, token string, secs int64) (backend.Gran
 			b.leases.attach(lk, token, id, secs, sent, true, true)
 			return backend.Grant{}, storeErr(ctx, "acquire: keep-alive", kerr)
 		}
-		granted = time.Duration(kttl) * time.Second
+		granted, refreshed = lockTTL(kttl), kaSent
 		p.refreshedAt(kaSent)
 	}
 	if err != nil {
 		// The key may be attached to the lease now or later: the
 		// release that package lock sends to undo this attempt finds
 		// the lease here and revokes it, as Close does.
-		b.leases.attach(lk, token, id, secs, sent, true, false)
+		b.leases.attach(lk, token, id, secs, refreshed, true, false)
 		return backend.Grant{}, storeErr(ctx, "acquire", err)
 	}
 	if took {
 		p.qs.mu.Lock()
 		p.took, p.create, p.recRev = true, 0, resp.Header.Revision
 		p.qs.mu.Unlock()
-		b.leases.attach(lk, token, id, secs, sent, false, false)
+		b.leases.attach(lk, token, id, secs, refreshed, false, false)
 		return backend.Grant{Fence: uint64(resp.Header.Revision), TTL: granted}, nil
 	}
 	if enq.Responses[0].GetResponseRange().Count > 0 {

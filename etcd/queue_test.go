@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -436,6 +437,50 @@ func TestUnexpectedGrantRefreshesTheLease(t *testing.T) {
 			}
 		})
 	}
+}
+
+// An attempt that expects to queue, on a lease refreshed less than the
+// unrefreshed window ago, takes the key after all: the lease carries the
+// lock as it is, with no keep-alive, and the store still keeps the lock at
+// least the TTL from the attempt (the lease's extra second). Were leases as
+// long as the lock's TTL, it would expire ~0.4s early, and this test fails.
+func TestUnexpectedGrantOnALeaseRefreshedLately(t *testing.T) {
+	srv := startEtcd(t)
+	ctx := ctxFor(t)
+	b, cli := newBackend(t, srv.Addr)
+	etcd.PredictRefusal(b, true)
+	var kas atomic.Int64
+	etcd.AfterKeepAliveSent(b, func() { kas.Add(1) })
+	const ttl = 2 * time.Second
+	granted := time.Now() // the idle lease's grant goes after this
+	tok := newToken()
+	if _, err := b.Acquire(ctx, "k", tok, ttl); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(ctx, "k", tok); err != nil {
+		t.Fatal(err)
+	}
+	q, err := b.Queue("k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close(true)
+	time.Sleep(time.Until(granted.Add(etcd.UnrefreshedWindow - 80*time.Millisecond)))
+	kas.Store(0)
+	sent := time.Now()
+	tok = newToken()
+	g, err := q.Acquire(ctx, tok, ttl)
+	if err != nil {
+		t.Fatalf("Acquire of a free key through a place: %v", err)
+	}
+	if kas.Load() != 0 || g.TTL < ttl {
+		t.Fatalf("grant %+v after %d keep-alives; want the TTL %v and none (the lease carries the lock as it is): the case tests nothing", g, kas.Load(), ttl)
+	}
+	resp, err := cli.Get(ctx, etcd.DefaultPrefix+"k/k\xff")
+	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != tok {
+		t.Fatalf("Get of the lock key: %v, %v", resp, err)
+	}
+	leaseLastsTTL(ctx, t, cli, clientv3.LeaseID(resp.Kvs[0].Lease), sent, ttl)
 }
 
 // A waiter whose replies (and watch events) are held while the lock is

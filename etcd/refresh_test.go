@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -79,6 +80,8 @@ func TestAcquireWithAKeepAliveOfUnknownOutcome(t *testing.T) {
 	ctx := ctxFor(t)
 	const ttl = 5 * time.Second
 	idleLease(ctx, t, b, ttl)
+	// Old enough to need a refresh before it carries a lock.
+	etcd.AgeIdleLeases(b, etcd.UnrefreshedWindow)
 	var once sync.Once
 	etcd.AfterKeepAliveSent(b, func() { once.Do(func() { etcd.BreakKeepAliveStream(b) }) })
 	tok := newToken()
@@ -123,14 +126,27 @@ func TestAcquireWithAKeepAliveOfUnknownOutcome(t *testing.T) {
 	}
 }
 
-// An idle lease revoked from outside: the refresh finds it gone, the
-// transaction does nothing, and the acquire goes on with a new lease.
+// An idle lease revoked from outside: the transaction (and the refresh,
+// when the lease is old enough to need one) finds it gone, does nothing,
+// and the acquire goes on with a new lease.
 func TestAcquireWhenTheIdleLeaseIsGone(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		age  time.Duration
+	}{{"refreshed recently", 0}, {"refreshed with the acquire", etcd.UnrefreshedWindow}} {
+		t.Run(c.name, func(t *testing.T) { acquireWhenTheIdleLeaseIsGone(t, c.age) })
+	}
+}
+
+func acquireWhenTheIdleLeaseIsGone(t *testing.T, age time.Duration) {
 	srv := startEtcd(t)
 	b, cli := newBackend(t, srv.Addr)
 	ctx := ctxFor(t)
 	const ttl = 5 * time.Second
 	idleLease(ctx, t, b, ttl)
+	etcd.AgeIdleLeases(b, age)
+	var kas atomic.Int64
+	etcd.AfterKeepAliveSent(b, func() { kas.Add(1) })
 	ls, err := cli.Leases(ctx)
 	if err != nil {
 		t.Fatalf("Leases: %v", err)
@@ -148,6 +164,9 @@ func TestAcquireWhenTheIdleLeaseIsGone(t *testing.T) {
 	}
 	if g.TTL < ttl {
 		t.Fatalf("granted TTL %v; want at least %v", g.TTL, ttl)
+	}
+	if want := int64(min(1, age/etcd.UnrefreshedWindow)); kas.Load() != want {
+		t.Fatalf("%d keep-alives for the acquire; want %d: the case tests another path", kas.Load(), want)
 	}
 	resp, err := cli.Get(ctx, "", clientv3.WithPrefix())
 	if err != nil {
