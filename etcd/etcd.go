@@ -52,9 +52,9 @@
 // the backend reuses leases: a released lock's lease goes back to a pool of
 // idle leases of its TTL, and the next acquisition with that TTL takes one.
 // A lease lives one second longer than the lock's TTL (rounded up to
-// seconds), so a lease refreshed less than half a second before the
-// acquire was sent still has more than the lock's TTL left and carries it
-// as it is: back-to-back acquisitions send one keep-alive every half
+// seconds; for TTLs of 2s and more), so a lease refreshed less than half a
+// second before the acquire was sent still has more than the lock's TTL
+// left and carries it as it is: back-to-back acquisitions send one keep-alive every half
 // second, not one each. An older lease is refreshed with a keep-alive,
 // which is not a Raft write, sent just before the transaction and answered
 // while it runs (one round trip for both). The keep-alives of a backend
@@ -104,7 +104,7 @@
 //	earliest expiry           | never before the TTL from when the leader applied the
 //	                          | grant or keep-alive, which is after the request left
 //	latest expiry             | normally the rounded TTL plus the lease's extra second
-//	                          | plus up to 0.5s (the leader looks for expired leases
+//	                          | (TTLs of 2s and more) plus up to 0.5s (the leader looks for expired leases
 //	                          | twice a second) plus a Raft commit; a new leader
 //	                          | restarts every lease's full TTL plus one election
 //	                          | timeout when it takes over. Declared:
@@ -123,8 +123,8 @@
 //	                          | the lock to the head, or wakes it alone. A waiter
 //	                          | that died at the head, or was handed the lock, holds
 //	                          | the others up until its lease expires: at most its TTL
-//	                          | plus one second after its last keep-alive (plus the
-//	                          | leader's scan)
+//	                          | (plus one second from 2s) after its last keep-alive
+//	                          | (plus the leader's scan)
 //
 // Leases expire by the leader's monotonic clock, so a stepped wall clock
 // changes nothing. Locks that expire at once are revoked at up to 1,000 a
@@ -290,32 +290,47 @@ func seconds(ttl time.Duration) int64 {
 	return max(1, int64((ttl+time.Second-1)/time.Second))
 }
 
-// The lease of a lock, and of a waiter's queue record, lives reserveSecs
-// longer than the lock's TTL in seconds: a lease whose latest confirmed
-// refresh was sent less than unrefreshedWindow before an acquire still
-// has more than the lock's TTL left when the store receives it, so the
-// acquire needs no refresh of its own. Why this keeps the contract (the
-// store keeps the lock at least its TTL from the request): the store keeps
-// a lease at least its TTL from the send time of its latest confirmed
-// grant or keep-alive, call it r (a keep-alive only extends a lease, and a
-// new leader restarts a lease's full TTL); an acquire sent at s < r +
-// unrefreshedWindow thus holds the key until r + secs + reserveSecs > s +
-// secs + (reserveSecs - unrefreshedWindow). The half second left over is
-// more than the clocks' drift over that interval. The cost: a holder that
-// stops renewing (it crashed) keeps its lock up to one second longer; see
-// latest expiry in the package doc.
-const (
-	reserveSecs       = 1
-	unrefreshedWindow = time.Second / 2
-)
+// The lease of a lock of 2s or more, and of a waiter's queue record, lives
+// one second longer than the lock's TTL in seconds (reserve): a lease whose
+// latest confirmed refresh was sent less than unrefreshedWindow before an
+// acquire still has more than the lock's TTL left when the store receives
+// it, so the acquire needs no refresh of its own (asIs). Why this keeps
+// the contract (the store keeps the lock at least its TTL from the
+// request): the store keeps a lease at least its TTL from the send time of
+// its latest confirmed grant or keep-alive, call it r (a keep-alive only
+// extends a lease, a late one too, and a new leader restarts a lease's
+// full TTL); an acquire sent at s < r + unrefreshedWindow thus holds the
+// key until r + secs + 1s > s + secs + 0.5s. The half second left over is
+// more than the clocks' drift over that interval. A refresh whose outcome
+// is unknown is not counted (the lease is never reused). The cost: a holder
+// that stops renewing (it crashed) keeps its lock up to one second longer;
+// see latest expiry in the package doc. Locks of 1s go without: the extra
+// second would double how long a crashed holder keeps others out.
+const unrefreshedWindow = time.Second / 2
+
+// reserve is how many seconds longer than a lock of secs seconds its lease
+// lives.
+func reserve(secs int64) int64 {
+	if secs >= 2 {
+		return 1
+	}
+	return 0
+}
 
 // leaseSecs is the TTL of the leases of locks of secs seconds.
-func leaseSecs(secs int64) int64 { return secs + reserveSecs }
+func leaseSecs(secs int64) int64 { return secs + reserve(secs) }
 
 // lockTTL is what a lease of leaseTTL seconds, refreshed after the
-// request, promises the lock it carries.
-func lockTTL(leaseTTL int64) time.Duration {
-	return time.Duration(leaseTTL-reserveSecs) * time.Second
+// request, promises the lock of secs seconds it carries.
+func lockTTL(secs, leaseTTL int64) time.Duration {
+	return time.Duration(leaseTTL-reserve(secs)) * time.Second
+}
+
+// asIs reports whether a lease for locks of secs seconds, whose latest
+// confirmed refresh was sent at refreshed, can carry a lock acquired with a
+// request sent at sent without a refresh of its own.
+func asIs(secs int64, sent, refreshed time.Time) bool {
+	return reserve(secs) > 0 && sent.Sub(refreshed) < unrefreshedWindow
 }
 
 func (b *Backend) check() error {
@@ -351,9 +366,9 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	if id, refreshed := b.leases.take(secs); id != clientv3.NoLease {
 		var g backend.Grant
 		var err error
-		if sent := time.Now(); sent.Sub(refreshed) < unrefreshedWindow {
+		if sent := time.Now(); asIs(secs, sent, refreshed) {
 			// Refreshed recently enough to carry the lock as it is
-			// (see reserveSecs).
+			// (see reserve).
 			g, err = b.acquireOn(ctx, key, token, secs, id, sent, refreshed, time.Duration(secs)*time.Second, nil)
 		} else {
 			g, err = b.acquireOnIdle(ctx, key, token, secs, id)
@@ -369,7 +384,7 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	if err != nil {
 		return backend.Grant{}, storeErr(ctx, "acquire: lease", err)
 	}
-	g, err := b.acquireOn(ctx, key, token, secs, resp.ID, sent, sent, lockTTL(resp.TTL), nil)
+	g, err := b.acquireOn(ctx, key, token, secs, resp.ID, sent, sent, lockTTL(secs, resp.TTL), nil)
 	if errors.Is(err, errLeaseGone) {
 		err = fmt.Errorf("etcd: acquire: lease %x, granted for it, was revoked before the transaction ran (by another client?)", resp.ID)
 	}
@@ -441,7 +456,7 @@ func (b *Backend) acquireOn(ctx context.Context, key, token string, secs int64, 
 			b.leases.attach(lk, token, id, secs, refreshed, true, true)
 			return backend.Grant{}, storeErr(ctx, "acquire: keep-alive", errors.Join(kerr, err))
 		}
-		granted = lockTTL(kttl)
+		granted = lockTTL(secs, kttl)
 	} else if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		// The lease is gone (revoked from outside, say): the
 		// transaction did nothing, and nothing can attach to it later.
@@ -524,11 +539,12 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 		b.revoke(ctx, id)
 		return backend.Grant{}, backend.ErrNotHeld
 	}
-	if got := lockTTL(kttl); got < time.Duration(seconds(ttl))*time.Second {
+	secs := seconds(ttl)
+	if got := lockTTL(secs, kttl); got < time.Duration(secs)*time.Second {
 		return backend.Grant{}, fmt.Errorf("%w: etcd: renew for %v, but the lock's lease keeps it %v, fixed when it was acquired; renew with the TTL of the acquire", backend.ErrInvalid, ttl, got)
 	}
 	ok = true
-	return backend.Grant{Fence: uint64(resp.Kvs[0].ModRevision), TTL: lockTTL(kttl)}, nil
+	return backend.Grant{Fence: uint64(resp.Kvs[0].ModRevision), TTL: lockTTL(secs, kttl)}, nil
 }
 
 // Tombstone values: the token released the lock, or did not hold it.
@@ -738,7 +754,7 @@ func capabilities(o options) backend.Capabilities {
 		// 4s), 3 election timeouts, and the leader's half-second scan
 		// for expired leases with the revoke's commit.
 		ExpiryFactor: 2,
-		ExpirySlack:  2*(1+reserveSecs)*time.Second + 3*o.electionTimeout + 600*time.Millisecond,
+		ExpirySlack:  4*time.Second + 3*o.electionTimeout + 600*time.Millisecond,
 		DurableFence: true,
 		FIFO:         true,
 	}

@@ -573,8 +573,8 @@ func (p *place) Acquire(ctx context.Context, token string, ttl time.Duration) (b
 // and the send time of the lease's latest confirmed refresh: the place's
 // own lease or an idle one, refreshed by a keep-alive whose answer comes on
 // ka (refreshed is then sent), or a new one (granted its TTL). A lease
-// refreshed less than unrefreshedWindow ago carries a lock as it is (see
-// reserveSecs; ka nil, granted the TTL). When the attempt will most likely
+// refreshed lately carries a lock as it is (see reserve; ka nil, granted
+// the TTL). When the attempt will most likely
 // queue (refusable), a lease refreshed less than a third of its TTL ago is
 // not refreshed either (ka nil, granted 0): its record lives, and the
 // place keeps it alive from then on; should the attempt take the key after
@@ -594,7 +594,7 @@ func (p *place) leaseFor(ctx context.Context, secs int64, refusable bool) (id cl
 	sent = time.Now()
 	confirmed := refreshed
 	switch {
-	case id != clientv3.NoLease && sent.Sub(refreshed) < unrefreshedWindow:
+	case id != clientv3.NoLease && asIs(secs, sent, refreshed):
 		granted = time.Duration(secs) * time.Second
 	case id != clientv3.NoLease && refusable && sent.Sub(refreshed) < time.Duration(secs)*time.Second/3:
 	case id != clientv3.NoLease:
@@ -608,7 +608,7 @@ func (p *place) leaseFor(ctx context.Context, secs int64, refusable bool) (id cl
 		if err != nil {
 			return 0, time.Time{}, time.Time{}, nil, 0, storeErr(ctx, "acquire: lease", err)
 		}
-		id, granted, refreshed, confirmed = resp.ID, lockTTL(resp.TTL), sent, sent
+		id, granted, refreshed, confirmed = resp.ID, lockTTL(secs, resp.TTL), sent, sent
 	}
 	p.qs.mu.Lock()
 	p.lease, p.secs = id, secs
@@ -723,7 +723,7 @@ func (p *place) try(ctx context.Context, token string, secs int64) (backend.Gran
 			b.leases.attach(lk, token, id, secs, sent, true, true)
 			return backend.Grant{}, storeErr(ctx, "acquire: keep-alive", errors.Join(kerr, err))
 		default:
-			granted = lockTTL(kttl)
+			granted = lockTTL(secs, kttl)
 			p.refreshedAt(sent)
 		}
 	} else if errors.Is(err, rpctypes.ErrLeaseNotFound) {
@@ -747,7 +747,7 @@ func (p *place) try(ctx context.Context, token string, secs int64) (backend.Gran
 			b.leases.attach(lk, token, id, secs, sent, true, true)
 			return backend.Grant{}, storeErr(ctx, "acquire: keep-alive", kerr)
 		}
-		granted, refreshed = lockTTL(kttl), kaSent
+		granted, refreshed = lockTTL(secs, kttl), kaSent
 		p.refreshedAt(kaSent)
 	}
 	if err != nil {
