@@ -11,9 +11,11 @@
 // # How it works
 //
 // A lock is the KV entry PREFIX+KEY (default prefix "lock/", the key
-// path-escaped), locked by a session whose TTL is the lock's TTL and whose
-// behavior is "delete". Acquire renews a session that holds no lock, or
-// creates one, and sends one transaction that locks the entry with the
+// path-escaped), locked by a session whose TTL is a quarter longer than the
+// lock's TTL (see reserveOf) and whose behavior is "delete". Acquire takes
+// a session that holds no lock (renewing it unless it was renewed lately
+// enough to carry the lock as it is), or creates one, and sends one
+// transaction that locks the entry with the
 // owner token as its value and reads it back: the fence is the entry's
 // ModifyIndex, the Raft index of the write that made this owner the
 // holder. Renew renews the session and checks, in the same round trip,
@@ -37,8 +39,9 @@
 // Sessions cost a Raft write to create, so a backend keeps the sessions of
 // released locks and reuses them, one lock at a time each (see
 // sessionPool): a session never holds two locks, so releasing or losing one
-// lock never frees another, and every reuse renews the session in the same
-// round trip as the lock, so the store keeps the lock at least its TTL
+// lock never frees another, and a reuse renews the session in the same
+// round trip as the lock, unless its latest renewal leaves it more than the
+// lock's TTL (see reserveOf), so the store keeps the lock at least its TTL
 // after the acquire was sent.
 //
 // # Guarantees
@@ -48,11 +51,13 @@
 //	                 | servers' Raft log (a server restart keeps it)
 //	TTL              | from WithMinTTL (the servers' session_ttl_min,
 //	                 | default 10s) to 24h; not rounded
-//	expiry           | Consul expires a session between its TTL and twice
-//	                 | its TTL after the last renewal, and a new leader
-//	                 | restarts every session's timer: the lock may outlive
-//	                 | its TTL by that much plus the lock-delay; the client's
-//	                 | deadline counts the TTL only, from the send
+//	expiry           | a lock's session has a TTL a quarter longer than the
+//	                 | lock's; Consul expires a session between its TTL and
+//	                 | twice its TTL after the last renewal, and a new
+//	                 | leader restarts every session's timer: the lock may
+//	                 | outlive its TTL by that much (2.5 x TTL in all) plus
+//	                 | the lock-delay; the client's deadline counts the
+//	                 | TTL only, from the send
 //	lock-delay       | after a session holding a lock is invalidated (it
 //	                 | expired, or was destroyed from outside), Consul
 //	                 | refuses the key for the lock-delay (default 1s, see
@@ -134,6 +139,35 @@ const MaxTTL = 24 * time.Hour
 // from its watch within milliseconds, and nobody can take the key for the
 // lock-delay meanwhile.
 const DefaultLockDelay = time.Second
+
+// A lock's session lives a quarter longer than the lock's TTL (its
+// reserve, less near MaxTTL): a session whose latest confirmed creation or
+// renewal was sent less than half the reserve before an acquire still has
+// more than the lock's TTL left when Consul receives it, so the acquire
+// needs no renewal of its own (asIs). Why this keeps the contract (the
+// store keeps the lock at least its TTL from the request): Consul keeps a
+// session at least its TTL from its latest renewal, which it received
+// after the renewal's send time r (a renewal only extends a session, a
+// late one too, and a new leader restarts every session's timer); an
+// acquire sent at s < r + reserve/2 thus holds the entry until at least
+// r + TTL + reserve > s + TTL + reserve/2. The reserve's half left over,
+// TTL/8, is far more than the clocks' drift over that interval (package
+// lock allows TTL/100). A renewal of unknown outcome is not counted. The
+// cost: a holder that stops renewing (it crashed) keeps its lock up to a
+// quarter of its TTL longer (twice that, as Consul may wait up to twice a
+// session's TTL); see the guarantee table.
+func reserveOf(ttl time.Duration) time.Duration { return max(0, min(ttl/4, MaxTTL-ttl)) }
+
+// sessionTTL is the TTL of the session of a lock of ttl.
+func sessionTTL(ttl time.Duration) time.Duration { return ttl + reserveOf(ttl) }
+
+// asIs reports whether a session for locks of ttl, whose latest confirmed
+// creation or renewal was sent at renewed, can carry a lock acquired with
+// a request sent at sent without a renewal of its own.
+func asIs(ttl time.Duration, sent, renewed time.Time) bool {
+	r := reserveOf(ttl)
+	return r > 0 && sent.Sub(renewed) < r/2
+}
 
 // deadFor is how long a released token stays dead (see backend.Backend's
 // Acquire): far longer than a request can be on its way.
@@ -236,7 +270,9 @@ func (b *Backend) Capabilities() backend.Capabilities {
 	return backend.Capabilities{
 		MinTTL:       b.o.minTTL,
 		MaxTTL:       MaxTTL,
-		ExpiryFactor: 2,
+		// Consul may wait up to twice a session's TTL, which is a
+		// quarter longer than the lock's (see reserveOf).
+		ExpiryFactor: 2.5,
 		// A new leader restarts the timers; the lock-delay follows an
 		// expiry; and the servers' clocks run on.
 		ExpirySlack:  b.o.lockDelay + time.Second,
@@ -304,9 +340,10 @@ func (b *Backend) attempt(ctx context.Context, key, token string, ttl time.Durat
 	}
 	var renewErr error
 	var wg sync.WaitGroup
-	if reused {
-		// The session was renewed before this call: renew it again, in
-		// the same round trip, so that it lives ttl from now at least.
+	if reused && !asIs(ttl, time.Now(), renewed) {
+		// The session was renewed too long before this call to carry
+		// the lock as it is: renew it again, in the same round trip,
+		// so that it lives ttl from now at least.
 		wg.Go(func() { renewed, renewErr = b.renewAfter(ctx, sess) })
 	}
 	ok, resp, _, err := b.cli.Txn().Txn(ops, (&api.QueryOptions{}).WithContext(ctx))
@@ -573,7 +610,7 @@ func (b *Backend) session(ctx context.Context, key string, ttl time.Duration) (i
 func (b *Backend) createSession(ctx context.Context, key string, ttl time.Duration) (string, error) {
 	body := map[string]any{
 		"Name":       "lock " + key,
-		"TTL":        ttl.String(),
+		"TTL":        sessionTTL(ttl).String(),
 		"LockDelay":  fmt.Sprintf("%dms", b.o.lockDelay.Milliseconds()), // 0 is sent too: Consul's default is 15s
 		"Behavior":   api.SessionBehaviorDelete,
 		"NodeChecks": []string{},

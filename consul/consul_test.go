@@ -3,7 +3,9 @@ package consul_test
 import (
 	"context"
 	"errors"
+	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -319,4 +321,80 @@ func TestOpenURL(t *testing.T) {
 func TestFlashSale(t *testing.T) {
 	agent := consultest.Start(t)
 	flashsale.CheckURL(t, "consul://"+agent.Addr+"?minttl=1s")
+}
+
+// renewCounter counts the session renewals a client sends.
+type renewCounter struct {
+	rt http.RoundTripper
+	n  atomic.Int64
+}
+
+func (c *renewCounter) RoundTrip(r *http.Request) (*http.Response, error) {
+	if strings.HasPrefix(r.URL.Path, "/v1/session/renew/") {
+		c.n.Add(1)
+	}
+	return c.rt.RoundTrip(r)
+}
+
+// A session created or renewed lately carries the next lock as it is, with
+// no renewal: Consul keeps a session at least its TTL from its latest
+// renewal, so the session's TTL must cover the lock's TTL from the
+// acquire's send, counted from that renewal's send. The test reads the
+// session's TTL back from Consul (its expiry cannot be timed: Consul waits
+// up to twice the TTL). Were sessions as long as the lock's TTL, this test
+// fails.
+func TestSessionReusedLatelyCarriesTheLock(t *testing.T) {
+	agent := consultest.Start(t)
+	ctx := context.Background()
+	const ttl = 2 * time.Second
+	cfg := api.DefaultConfig()
+	cfg.Address = agent.Addr
+	counter := &renewCounter{rt: cfg.Transport}
+	cfg.HttpClient = &http.Client{Transport: counter}
+	cli, err := api.NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := consul.New(cli, consul.WithMinTTL(consultest.MinTTL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	tok := func(s string) string { return strings.Repeat(s, 32) }
+	created := time.Now() // the session's creation is sent after this
+	if _, err := b.Acquire(ctx, "first", tok("a"), ttl); err != nil {
+		t.Fatal(err)
+	}
+	first := sessionOf(t, cli, "first")
+	if err := b.Release(ctx, "first", tok("a")); err != nil {
+		t.Fatal(err)
+	}
+	// As late as the session still carries a lock as it is (an eighth of
+	// the TTL after its renewal), less a margin.
+	time.Sleep(time.Until(created.Add(ttl/8 - 60*time.Millisecond)))
+	counter.n.Store(0)
+	sent := time.Now()
+	if _, err := b.Acquire(ctx, "second", tok("b"), ttl); err != nil {
+		t.Fatal(err)
+	}
+	if s := sessionOf(t, cli, "second"); s != first || counter.n.Load() != 0 {
+		t.Fatalf("the second lock has session %s (the released lock's: %s) after %d renewals; want that one and none: the test checks nothing", s, first, counter.n.Load())
+	}
+	info, _, err := cli.Session().Info(first, nil)
+	if err != nil || info == nil {
+		t.Fatalf("session info: %+v, %v", info, err)
+	}
+	sttl, err := time.ParseDuration(info.TTL)
+	if err != nil {
+		t.Fatalf("session TTL %q: %v", info.TTL, err)
+	}
+	if need := ttl + sent.Sub(created); sttl < need {
+		t.Fatalf("the session's TTL is %v; a lock acquired %v after its creation without a renewal needs %v (its TTL from the acquire)", sttl, sent.Sub(created).Round(time.Millisecond), need.Round(time.Millisecond))
+	}
+	time.Sleep(time.Until(sent.Add(ttl - 100*time.Millisecond))) // up to just before the TTL
+	h, err := b.Inspect(ctx, "second")
+	if err != nil || !h.Held || h.Token != tok("b") {
+		t.Fatalf("%v after the acquire, the lock on a reused session is %+v, %v; want held", time.Since(sent), h, err)
+	}
+	b.Release(ctx, "second", tok("b"))
 }

@@ -20,7 +20,9 @@ import (
 //   - The store keeps a lock at least its TTL after the acquire was sent:
 //     a reused session is renewed in the same round trip as the lock
 //     transaction, and both are sent after the acquire began; whichever
-//     arrives last, the session lives TTL past the later of them.
+//     arrives last, the session lives TTL past the later of them. Or its
+//     latest confirmed renewal was recent enough that its longer TTL
+//     covers the lock's TTL from the acquire (see reserveOf).
 //   - A session that expired while idle makes the lock transaction fail
 //     with "invalid session"; Acquire then creates a new one.
 //

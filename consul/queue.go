@@ -458,9 +458,10 @@ func (p *place) try(ctx context.Context, token string, ttl time.Duration) (g bac
 
 // lock tries to lock the entry with the place's session: a grant, or the
 // reason of a refusal ("" when none), or retry when the session is gone.
-// Unless the session was created after the caller's send time (fresh), it
-// is renewed in the same round trip, so that the store keeps a lock it
-// grants at least the TTL from that send time. The transaction deletes the
+// Unless the session was created after the caller's send time (fresh), or
+// renewed lately enough to carry the lock as it is (asIs), it is renewed
+// in the same round trip, so that the store keeps a lock it grants at
+// least the TTL from that send time. The transaction deletes the
 // place's record, should it have one: the lock is the record's end.
 func (p *place) lock(ctx context.Context, token, sess string, fresh bool) (g backend.Grant, refusal string, retry bool, err error) {
 	b := p.b
@@ -477,19 +478,18 @@ func (p *place) lock(ctx context.Context, token, sess string, fresh bool) (g bac
 	if hasRec {
 		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: rec}})
 	}
-	var renewed time.Time
+	p.mu.Lock()
+	renewed := p.renewed
+	p.mu.Unlock()
 	var renewErr error
 	var wg sync.WaitGroup
-	if !fresh {
+	renew := !fresh && !asIs(ttl, time.Now(), renewed)
+	if renew {
 		wg.Go(func() { renewed, renewErr = b.renewAfter(ctx, sess) })
 	}
 	ok, resp, _, err := b.cli.Txn().Txn(ops, (&api.QueryOptions{}).WithContext(ctx))
 	wg.Wait()
-	if fresh {
-		p.mu.Lock()
-		renewed = p.renewed
-		p.mu.Unlock()
-	} else if renewErr == nil {
+	if renew && renewErr == nil {
 		p.renewedAt(renewed)
 	}
 	switch {
