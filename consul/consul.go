@@ -268,8 +268,8 @@ func New(cli *api.Client, opts ...Option) (*Backend, error) {
 // Capabilities implements backend.Describer.
 func (b *Backend) Capabilities() backend.Capabilities {
 	return backend.Capabilities{
-		MinTTL:       b.o.minTTL,
-		MaxTTL:       MaxTTL,
+		MinTTL: b.o.minTTL,
+		MaxTTL: MaxTTL,
 		// Consul may wait up to twice a session's TTL, which is a
 		// quarter longer than the lock's (see reserveOf).
 		ExpiryFactor: 2.5,
