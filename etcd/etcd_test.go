@@ -258,20 +258,27 @@ func TestReusedLeaseWithoutRefreshKeepsTheTTL(t *testing.T) {
 	if g.TTL < ttl {
 		t.Fatalf("granted TTL %v; want at least %v", g.TTL, ttl)
 	}
-	resp, err := cli.Get(ctx, "", clientv3.WithPrefix())
-	if err != nil {
-		t.Fatalf("Get: %v", err)
-	}
-	var id clientv3.LeaseID
-	for _, kv := range resp.Kvs {
-		if string(kv.Value) == tok {
-			id = clientv3.LeaseID(kv.Lease)
-		}
-	}
+	id := leaseOf(ctx, t, cli, tok)
 	if id == clientv3.NoLease {
 		t.Fatal("the lock key is not on the store")
 	}
 	leaseLastsTTL(ctx, t, cli, id, sent, ttl)
+}
+
+// leaseOf returns the lease of the key whose value is tok, or NoLease when
+// no key has it.
+func leaseOf(ctx context.Context, t *testing.T, cli *clientv3.Client, tok string) clientv3.LeaseID {
+	t.Helper()
+	resp, err := cli.Get(ctx, "", clientv3.WithPrefix())
+	if err != nil {
+		t.Fatalf("Get: %v", err)
+	}
+	for _, kv := range resp.Kvs {
+		if string(kv.Value) == tok {
+			return clientv3.LeaseID(kv.Lease)
+		}
+	}
+	return clientv3.NoLease
 }
 
 // leaseLastsTTL fails t when the store expires lease id, which carries a

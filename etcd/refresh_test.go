@@ -92,17 +92,8 @@ func TestAcquireWithAKeepAliveOfUnknownOutcome(t *testing.T) {
 	if errors.Is(err, backend.ErrLocked) || errors.Is(err, backend.ErrInvalid) {
 		t.Fatalf("Acquire: %v; want an error of unknown outcome", err)
 	}
-	resp, err := cli.Get(ctx, "", clientv3.WithPrefix())
-	if err != nil {
-		t.Fatalf("Get: %v", err)
-	}
-	var idle clientv3.LeaseID
-	for _, kv := range resp.Kvs {
-		if string(kv.Value) == tok {
-			idle = clientv3.LeaseID(kv.Lease)
-		}
-	}
-	if idle == 0 {
+	idle := leaseOf(ctx, t, cli, tok)
+	if idle == clientv3.NoLease {
 		t.Fatal("the transaction did not take the key: the case tests nothing")
 	}
 	// The undo, as package lock sends it, frees the key and revokes the
@@ -168,27 +159,20 @@ func acquireWhenTheIdleLeaseIsGone(t *testing.T, age time.Duration) {
 	if want := int64(min(1, age/etcd.UnrefreshedWindow)); kas.Load() != want {
 		t.Fatalf("%d keep-alives for the acquire; want %d: the case tests another path", kas.Load(), want)
 	}
-	resp, err := cli.Get(ctx, "", clientv3.WithPrefix())
+	id := leaseOf(ctx, t, cli, tok)
+	if id == clientv3.NoLease {
+		t.Fatal("the lock key is not on the store")
+	}
+	left, err := cli.TimeToLive(ctx, id)
 	if err != nil {
-		t.Fatalf("Get: %v", err)
+		t.Fatalf("TimeToLive: %v", err)
 	}
-	for _, kv := range resp.Kvs {
-		if string(kv.Value) != tok {
-			continue
-		}
-		left, err := cli.TimeToLive(ctx, clientv3.LeaseID(kv.Lease))
-		if err != nil {
-			t.Fatalf("TimeToLive: %v", err)
-		}
-		// The store counts whole seconds, rounding down: the lease
-		// lives at least TTL from the send, so at least TTL-1s minus
-		// the time since is left.
-		if min := ttl - time.Second - time.Since(sent); time.Duration(left.TTL)*time.Second < min {
-			t.Fatalf("the new lease has %ds left; want at least %v", left.TTL, min)
-		}
-		return
+	// The store counts whole seconds, rounding down: the lease lives at
+	// least TTL from the send, so at least TTL-1s minus the time since is
+	// left.
+	if min := ttl - time.Second - time.Since(sent); time.Duration(left.TTL)*time.Second < min {
+		t.Fatalf("the new lease has %ds left; want at least %v", left.TTL, min)
 	}
-	t.Fatal("the lock key is not on the store")
 }
 
 // idleLease acquires and releases key "k" on b, which leaves b an idle
