@@ -12,6 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/conformance/faultproxy"
 	"github.com/distlock/lock/etcd"
 )
 
@@ -418,5 +419,65 @@ func TestForeignRenewRelease(t *testing.T) {
 	}
 	if _, err := a.Acquire(ctx, "k", newToken(), 5*time.Second); err != nil {
 		t.Fatalf("Acquire after the release: %v", err)
+	}
+}
+
+// A lease reused as it is, with the acquire's reply held by the network for
+// half the TTL after the store acted: the grant arrives late, its deadline
+// counts from the send, and the store still keeps the lock that long (the
+// lease's extra second covers the time since its latest refresh). Were
+// leases as long as the lock's TTL, the store would expire it ~0.4s early,
+// and this test fails.
+func TestReusedLeaseWithReplyHeld(t *testing.T) {
+	srv := startEtcd(t)
+	ctx := ctxFor(t)
+	px := faultproxy.Start(t, srv.Addr)
+	b, err := etcd.New(newClient(t, px.Addr), etcd.WithElectionTimeout(electionTimeout))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	outside := newClient(t, srv.Addr)
+	var kas atomic.Int64
+	etcd.AfterKeepAliveSent(b, func() { kas.Add(1) })
+	const ttl = 2 * time.Second
+	granted := time.Now() // the lease's grant goes after this
+	tok := newToken()
+	if _, err := b.Acquire(ctx, "k", tok, ttl); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if err := b.Release(ctx, "k", tok); err != nil { // the lease goes idle
+		t.Fatalf("Release: %v", err)
+	}
+	time.Sleep(time.Until(granted.Add(etcd.UnrefreshedWindow - 80*time.Millisecond)))
+	kas.Store(0)
+	px.Hold(faultproxy.ToClient)
+	sent := time.Now()
+	tok = newToken()
+	type result struct {
+		g   backend.Grant
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		g, err := b.Acquire(ctx, "k", tok, ttl)
+		done <- result{g, err}
+	}()
+	id := clientv3.NoLease
+	for id == clientv3.NoLease { // until the store has acted
+		time.Sleep(10 * time.Millisecond)
+		id = leaseOf(ctx, t, outside, tok)
+	}
+	// The reply stays held for half the TTL, while the store's expiry
+	// for the lease is read from outside, from now on.
+	deliver := time.AfterFunc(ttl/2, func() { px.Deliver(faultproxy.ToClient) })
+	defer deliver.Stop()
+	leaseLastsTTL(ctx, t, outside, id, sent, ttl)
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("Acquire with its reply held: %v", r.err)
+	}
+	if kas.Load() != 0 || r.g.TTL < ttl {
+		t.Fatalf("grant %+v after %d keep-alives; want the TTL %v and none (the lease carries the lock as it is): the case tests nothing", r.g, kas.Load(), ttl)
 	}
 }
