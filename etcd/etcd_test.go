@@ -236,19 +236,11 @@ func TestReusedLeaseWithoutRefreshKeepsTheTTL(t *testing.T) {
 	const ttl = 2 * time.Second
 	var kas atomic.Int64
 	etcd.AfterKeepAliveSent(b, func() { kas.Add(1) })
-	granted := time.Now() // the lease's grant goes after this
-	tok := newToken()
-	if _, err := b.Acquire(ctx, "k", tok, ttl); err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
-	if err := b.Release(ctx, "k", tok); err != nil { // the lease goes idle
-		t.Fatalf("Release: %v", err)
-	}
-	time.Sleep(time.Until(granted.Add(etcd.UnrefreshedWindow - 80*time.Millisecond)))
+	idleLeaseLateInWindow(ctx, t, b, ttl)
 	kas.Store(0)
 	before := raftIndex(ctx, t, cli)
 	sent := time.Now()
-	tok = newToken()
+	tok := newToken()
 	g, err := b.Acquire(ctx, "k", tok, ttl)
 	if err != nil {
 		t.Fatalf("Acquire on the idle lease: %v", err)
@@ -264,6 +256,16 @@ func TestReusedLeaseWithoutRefreshKeepsTheTTL(t *testing.T) {
 		t.Fatal("the lock key is not on the store")
 	}
 	leaseLastsTTL(ctx, t, cli, id, sent, ttl)
+}
+
+// idleLeaseLateInWindow leaves b an idle lease of ttl (key "k" acquired
+// and released) and returns as late as that lease still carries a lock as
+// it is, less a margin.
+func idleLeaseLateInWindow(ctx context.Context, t *testing.T, b *etcd.Backend, ttl time.Duration) {
+	t.Helper()
+	granted := time.Now() // the lease's grant goes after this
+	idleLease(ctx, t, b, ttl)
+	time.Sleep(time.Until(granted.Add(etcd.UnrefreshedWindow - 80*time.Millisecond)))
 }
 
 // leaseOf returns the lease of the key whose value is tok, or NoLease when
@@ -441,19 +443,11 @@ func TestReusedLeaseWithReplyHeld(t *testing.T) {
 	var kas atomic.Int64
 	etcd.AfterKeepAliveSent(b, func() { kas.Add(1) })
 	const ttl = 2 * time.Second
-	granted := time.Now() // the lease's grant goes after this
-	tok := newToken()
-	if _, err := b.Acquire(ctx, "k", tok, ttl); err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
-	if err := b.Release(ctx, "k", tok); err != nil { // the lease goes idle
-		t.Fatalf("Release: %v", err)
-	}
-	time.Sleep(time.Until(granted.Add(etcd.UnrefreshedWindow - 80*time.Millisecond)))
+	idleLeaseLateInWindow(ctx, t, b, ttl)
 	kas.Store(0)
 	px.Hold(faultproxy.ToClient)
 	sent := time.Now()
-	tok = newToken()
+	tok := newToken()
 	type result struct {
 		g   backend.Grant
 		err error

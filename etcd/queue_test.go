@@ -452,23 +452,15 @@ func TestUnexpectedGrantOnALeaseRefreshedLately(t *testing.T) {
 	var kas atomic.Int64
 	etcd.AfterKeepAliveSent(b, func() { kas.Add(1) })
 	const ttl = 2 * time.Second
-	granted := time.Now() // the idle lease's grant goes after this
-	tok := newToken()
-	if _, err := b.Acquire(ctx, "k", tok, ttl); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Release(ctx, "k", tok); err != nil {
-		t.Fatal(err)
-	}
+	idleLeaseLateInWindow(ctx, t, b, ttl)
 	q, err := b.Queue("k")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer q.Close(true)
-	time.Sleep(time.Until(granted.Add(etcd.UnrefreshedWindow - 80*time.Millisecond)))
 	kas.Store(0)
 	sent := time.Now()
-	tok = newToken()
+	tok := newToken()
 	g, err := q.Acquire(ctx, tok, ttl)
 	if err != nil {
 		t.Fatalf("Acquire of a free key through a place: %v", err)
