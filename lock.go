@@ -595,7 +595,7 @@ func (c *Client) cleanup(ctx context.Context, key, token string, ttl time.Durati
 	return c.background(func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(ttl, cleanupLimit))
 		defer cancel()
-		_ = c.b.Release(rctx, key, token)
+		c.releaseUntilKnown(rctx, key, token)
 		if turn {
 			c.local.pass(key)
 		}
@@ -604,6 +604,40 @@ func (c *Client) cleanup(ctx context.Context, key, token string, ttl time.Durati
 
 // cleanupLimit bounds a cleanup release, and so how long Close waits for one.
 const cleanupLimit = 3 * time.Second
+
+// cleanupResends bounds how many times a cleanup release is sent again.
+const cleanupResends = 2
+
+// releaseUntilKnown sends a cleanup release, and sends it again, after a
+// short pause and at most cleanupResends times, while its outcome is unknown:
+// an error that is neither the store's answer (nil, ErrNotHeld, ErrInvalid)
+// nor the end of ctx, such as a connection broken by the fault that made the
+// acquire's or handover's outcome unknown in the first place. Sent once,
+// such a release left the key held for a whole TTL.
+//
+// Why sending it again keeps every promise: a token is for one attempt, so
+// its release can free only the lock that attempt may have taken, never a
+// later owner's; and a release that reaches the store twice, or after the
+// token lost the key, changes nothing on the lock (the backend contract:
+// it answers nil or ErrNotHeld). The bound keeps a store that is down from
+// being asked again and again.
+func (c *Client) releaseUntilKnown(ctx context.Context, key, token string) {
+	pause := 50 * time.Millisecond
+	for sent := 0; ; sent++ {
+		err := c.b.Release(ctx, key, token)
+		if err == nil || errors.Is(err, ErrNotHeld) || errors.Is(err, ErrInvalid) || errors.Is(err, ErrClosed) || sent == cleanupResends {
+			return
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return
+		}
+		pause *= 4
+	}
+}
 
 // background runs f in a goroutine that Close waits for. Once the client is
 // closing it runs nothing and reports false.

@@ -550,6 +550,43 @@ func TestAcquireWithUnknownOutcomeLeavesNothingBehind(t *testing.T) {
 	}
 }
 
+// firstReleaseLost loses the first release on the way to the store, as a
+// connection broken by a fault does: the store never sees it, and the
+// client gets an error that leaves the outcome unknown.
+type firstReleaseLost struct {
+	backend.Backend
+	lost atomic.Bool
+}
+
+func (f *firstReleaseLost) Release(ctx context.Context, key, token string) error {
+	if f.lost.CompareAndSwap(false, true) {
+		return errors.New("write: connection reset by peer")
+	}
+	return f.Backend.Release(ctx, key, token)
+}
+
+// A cleanup release whose outcome is unknown is sent again: sent once, it
+// left the lock held for a whole TTL after a fault that broke the
+// connection (the conformance case HandoverFails caught it over netstore).
+func TestCleanupSendsAnUnknownReleaseAgain(t *testing.T) {
+	store := memory.NewStore()
+	f := &firstReleaseLost{Backend: store.NewClient()}
+	c, err := lock.New(grantThenFail{f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Acquire(context.Background(), "k"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire: %v; want the backend's context error", err)
+	}
+	c.Close() // waits for the background release
+	if !f.lost.Load() {
+		t.Fatal("no cleanup release was sent")
+	}
+	if n := store.Len(); n != 0 {
+		t.Fatalf("%d locks left on the store after a cleanup release was lost once", n)
+	}
+}
+
 // unknownThenSlowRelease is a remote-like store whose first acquire takes
 // the lock and reports a timeout (unknown outcome), and whose releases wait
 // for proceed.
