@@ -267,16 +267,16 @@ func startConsul() (string, func()) {
 }
 
 // runConsul prints the Consul table.
-func runConsul(rounds int, dur, hotDur time.Duration) {
+func runConsul(rounds int, dur, hotDur time.Duration, want func(string) bool) {
 	addr, stop := startConsul()
 	defer stop()
 	waitConsul(addr)
 	fmt.Printf("consul agent %s (server, data dir), %d rounds, GOMAXPROCS %d\n\n", addr, rounds, runtimeProcs())
-	med := runNetworked(networked(consulPeers, func(n *atomic.Int64) *api.Client { return consulClient(addr, n) }), rounds, dur, hotDur)
-	fmt.Printf("lock / api.Lock (session per goroutine), one goroutine: %.2fx (target 1.0x)\n", med[0][0]/med[1][0])
-	fmt.Printf("lock / api.Lock (session per lock), one goroutine: %.2fx (target 1.5x)\n", med[0][0]/med[2][0])
-	fmt.Printf("hot key utilisation, one client: lock / api.Lock %.2fx (target 3x)\n", med[0][1]/max(med[1][1], med[2][1]))
-	fmt.Printf("hot key utilisation, 16 clients: lock / api.Lock %.2fx (target 3x)\n", med[0][2]/max(med[1][2], med[2][2]))
+	med := runNetworked(networked(consulPeers, func(n *atomic.Int64) *api.Client { return consulClient(addr, n) }), rounds, dur, hotDur, want)
+	printRatio("lock / api.Lock (session per goroutine), one goroutine: %.2fx (target 1.0x)\n", med[0][0], med[1][0])
+	printRatio("lock / api.Lock (session per lock), one goroutine: %.2fx (target 1.5x)\n", med[0][0], med[2][0])
+	printRatio("hot key utilisation, one client: lock / api.Lock %.2fx (target 3x)\n", med[0][1], max(med[1][1], med[2][1]))
+	printRatio("hot key utilisation, 16 clients: lock / api.Lock %.2fx (target 3x)\n", med[0][2], max(med[1][2], med[2][2]))
 }
 
 // storePeer makes lockers over clients of one store's client library: one
@@ -307,7 +307,8 @@ type networkedPeer struct {
 // key through one shared client and through 16 separate clients), prints
 // the table, and returns each peer's medians: cycles/s, utilisation with
 // one client, utilisation with 16 clients, requests per section with 16.
-func runNetworked(peers []networkedPeer, rounds int, dur, hotDur time.Duration) [][4]float64 {
+// Scenarios that want rejects are skipped (their medians are 0).
+func runNetworked(peers []networkedPeer, rounds int, dur, hotDur time.Duration, want func(string) bool) [][4]float64 {
 	type state struct {
 		one, shared, sep, sepReqs []float64
 		l                         locker
@@ -328,12 +329,17 @@ func runNetworked(peers []networkedPeer, rounds int, dur, hotDur time.Duration) 
 		for k := range peers {
 			i := (k + r) % len(peers)
 			st := states[i]
-			st.one = append(st.one, cycles(st.l, 1, dur))
-			u, _, _ := hot(st.l, &counter{}, hotDur)
-			st.shared = append(st.shared, u)
-			r2 := hotSeparate(st.sepLockers, st.sepN, hotDur)
-			u2, q2 := r2.util, r2.reqs
-			st.sep, st.sepReqs = append(st.sep, u2), append(st.sepReqs, q2)
+			if want("one") {
+				st.one = append(st.one, cycles(st.l, 1, dur))
+			}
+			if want("hot") {
+				u, _, _ := hot(st.l, &counter{}, hotDur)
+				st.shared = append(st.shared, u)
+			}
+			if want("sep") {
+				r2 := hotSeparate(st.sepLockers, st.sepN, hotDur)
+				st.sep, st.sepReqs = append(st.sep, r2.util), append(st.sepReqs, r2.reqs)
+			}
 			fmt.Fprintf(os.Stderr, "round %d/%d: %s done\n", r+1, rounds, peers[i].name)
 		}
 	}
@@ -347,6 +353,13 @@ func runNetworked(peers []networkedPeer, rounds int, dur, hotDur time.Duration) 
 	}
 	fmt.Println()
 	return med
+}
+
+// printRatio prints a/b with format, unless a scenario was skipped (0).
+func printRatio(format string, a, b float64) {
+	if a > 0 && b > 0 {
+		fmt.Printf(format, a/b)
+	}
 }
 
 // waitConsul waits until the agent has a leader and its node is registered.

@@ -354,7 +354,7 @@ func main() {
 	rounds := flag.Int("rounds", 5, "interleaved rounds per scenario; the table shows medians")
 	dur := flag.Duration("duration", time.Second, "length of one cycles measurement")
 	hotDur := flag.Duration("hot", 3*time.Second, "length of one hot-key measurement")
-	only := flag.String("only", "", "comma-separated scenarios to run: one,own,hot,sep,procs (default all; sep: the hot key with 16 separate clients in this process; procs: with 16 separate processes)")
+	only := flag.String("only", "", "comma-separated scenarios to run (default all): one,own,hot,sep,procs for Redis, one,hot,sep for Consul and etcd (sep: the hot key with 16 separate clients in this process; procs: with 16 separate processes)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	store := flag.String("store", "redis", "the store to measure: redis (this library beside redislock, redsync and the floors), consul (beside api.Lock) or etcd (beside concurrency.Mutex)")
 	flag.Parse()
@@ -370,12 +370,13 @@ func main() {
 		pprof.StartCPUProfile(f)
 		defer pprof.StopCPUProfile()
 	}
+	want := func(s string) bool { return *only == "" || strings.Contains(*only, s) }
 	switch *store {
 	case "consul":
-		runConsul(*rounds, *dur, *hotDur)
+		runConsul(*rounds, *dur, *hotDur, want)
 		return
 	case "etcd":
-		runEtcd(*rounds, *dur, *hotDur)
+		runEtcd(*rounds, *dur, *hotDur, want)
 		return
 	}
 
@@ -418,7 +419,6 @@ func main() {
 		}
 		states[i] = st
 	}
-	want := func(s string) bool { return *only == "" || strings.Contains(*only, s) }
 	// Warm up every peer (connections, script caches), then run the rounds,
 	// rotating which peer goes first.
 	for _, st := range states {
