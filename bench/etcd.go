@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -174,13 +175,19 @@ func runEtcd(rounds int, dur, hotDur time.Duration, want func(string) bool) {
 	addr, stop := startEtcd()
 	defer stop()
 	fmt.Printf("embedded etcd %s (fsync on), %d rounds, GOMAXPROCS %d\n\n", addr, rounds, runtimeProcs())
-	med := runNetworked(networked(etcdPeers, func(n *atomic.Int64) *clientv3.Client { return etcdClient(addr, n) }), rounds, dur, hotDur, want)
-	printRatio("lock / Mutex (session per goroutine), one goroutine: %.2fx (target 1.0x)\n", med[0][0], med[1][0])
-	printRatio("lock / Mutex (session per lock), one goroutine: %.2fx (target 2x)\n", med[0][0], med[2][0])
-	printRatio("hot key utilisation, one client: lock / Mutex %.2fx (target 1.5x)\n", med[0][1], max(med[1][1], med[2][1]))
-	printRatio("hot key utilisation, 16 clients: lock / Mutex %.2fx (target 1.5x)\n", med[0][2], max(med[1][2], med[2][2]))
-	if med[0][3] > 0 {
-		fmt.Printf("lock's requests per section with 16 clients: %.1f (target <= 3)\n", med[0][3])
+	if want("one") || want("hot") || want("sep") {
+		med := runNetworked(networked(etcdPeers, func(n *atomic.Int64) *clientv3.Client { return etcdClient(addr, n) }), rounds, dur, hotDur, want)
+		printRatio("lock / Mutex (session per goroutine), one goroutine: %.2fx (target 1.0x)\n", med[0][0], med[1][0])
+		printRatio("lock / Mutex (session per lock), one goroutine: %.2fx (target 2x)\n", med[0][0], med[2][0])
+		printRatio("hot key utilisation, one client: lock / Mutex %.2fx (target 1.5x)\n", med[0][1], max(med[1][1], med[2][1]))
+		printRatio("hot key utilisation, 16 clients: lock / Mutex %.2fx (target 1.5x)\n", med[0][2], max(med[1][2], med[2][2]))
+		if med[0][3] > 0 {
+			fmt.Printf("lock's requests per section with 16 clients: %.1f (target <= 3)\n", med[0][3])
+		}
+		fmt.Println()
+	}
+	if want("ops") {
+		etcdOps(addr, 1000)
 	}
 }
 
@@ -195,4 +202,63 @@ type countingStream struct {
 func (c countingStream) SendMsg(m any) error {
 	c.n.Add(1)
 	return c.ClientStream.SendMsg(m)
+}
+
+// etcdOps prints how long each request of a one-goroutine cycle takes, for
+// this library and for Mutex, beside the two ways a bare client can delete
+// a lock key: a transaction guarded by the owner's token (what a release
+// must be, etcd#22082) and Mutex's blind DeleteRange. The four patterns run
+// interleaved, cycle by cycle, n times each, on one server, so that the
+// disk's drift hits them alike.
+func etcdOps(addr string, n int) {
+	ctx := context.Background()
+	l := newEtcdLock(etcdClient(addr, &atomic.Int64{})).(lockPeer)
+	s, err := concurrency.NewSession(etcdClient(addr, &atomic.Int64{}), concurrency.WithTTL(int(etcdTTL/time.Second)))
+	if err != nil {
+		fatal(err)
+	}
+	defer s.Close()
+	raw := etcdClient(addr, &atomic.Int64{})
+	lease, err := raw.Grant(ctx, int64(etcdTTL/time.Second))
+	if err != nil {
+		fatal(err)
+	}
+	key := fmt.Sprintf("bench-ops:%d", run.Add(1))
+	owned := clientv3.Compare(clientv3.Value(key), "=", "token")
+	put := func() {
+		if _, err := raw.Put(ctx, key, "token", clientv3.WithLease(lease.ID)); err != nil {
+			fatal(err)
+		}
+	}
+	names := []string{"lock: TryAcquire", "lock: Release", "Mutex: TryLock", "Mutex: Unlock",
+		"bare client: put (the key for each delete below)", "bare client: delete guarded by the token (Txn)", "bare client: blind delete (DeleteRange)"}
+	took := make([][]time.Duration, len(names))
+	timed := func(i int, f func() error) {
+		start := time.Now()
+		if err := f(); err != nil {
+			fatal(err)
+		}
+		took[i] = append(took[i], time.Since(start))
+	}
+	for range n {
+		var unlock func(context.Context) error
+		timed(0, func() (err error) { unlock, err = l.try(ctx, key+":lock"); return err })
+		timed(1, func() error { return unlock(ctx) })
+		m := concurrency.NewMutex(s, "/"+key+":mutex")
+		timed(2, func() error { return m.TryLock(ctx) })
+		timed(3, func() error { return m.Unlock(ctx) })
+		timed(4, func() error { put(); return nil })
+		timed(5, func() error {
+			_, err := raw.Txn(ctx).If(owned).Then(clientv3.OpDelete(key)).Commit()
+			return err
+		})
+		put()
+		timed(6, func() error { _, err := raw.Delete(ctx, key); return err })
+	}
+	fmt.Printf("| request (%d each, interleaved) | median | lower quartile |\n|---|---|---|\n", n)
+	for i, name := range names {
+		d := took[i]
+		slices.Sort(d)
+		fmt.Printf("| %s | %.0f µs | %.0f µs |\n", name, float64(d[len(d)/2])/1e3, float64(d[len(d)/4])/1e3)
+	}
 }

@@ -354,7 +354,7 @@ func main() {
 	rounds := flag.Int("rounds", 5, "interleaved rounds per scenario; the table shows medians")
 	dur := flag.Duration("duration", time.Second, "length of one cycles measurement")
 	hotDur := flag.Duration("hot", 3*time.Second, "length of one hot-key measurement")
-	only := flag.String("only", "", "comma-separated scenarios to run (default all): one,own,hot,sep,procs for Redis, one,hot,sep for Consul and etcd (sep: the hot key with 16 separate clients in this process; procs: with 16 separate processes)")
+	only := flag.String("only", "", "comma-separated scenarios to run (default all): one,own,hot,sep,procs for Redis, one,hot,sep for Consul and etcd, and ops for etcd (each request of a one-goroutine cycle, timed) (sep: the hot key with 16 separate clients in this process; procs: with 16 separate processes)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	store := flag.String("store", "redis", "the store to measure: redis (this library beside redislock, redsync and the floors), consul (beside api.Lock) or etcd (beside concurrency.Mutex)")
 	flag.Parse()
