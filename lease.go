@@ -259,6 +259,11 @@ func (l *Lease) Release(ctx context.Context) error {
 		l.mu.Unlock()
 		return wrap("release", l.key, lost)
 	default:
+		// Unknown outcome (the reply was lost, or ctx ended while the
+		// request was out): the store may still hold the lock. Send the
+		// release again in the background rather than leave the key
+		// blocked for the rest of its TTL (see releaseUntilKnown).
+		l.c.cleanup(ctx, l.key, l.token, l.ttl, false)
 		return wrap("release", l.key, err)
 	}
 }

@@ -608,6 +608,13 @@ const cleanupLimit = 3 * time.Second
 // cleanupResends bounds how many times a cleanup release is sent again.
 const cleanupResends = 2
 
+// unknownOutcome reports whether err leaves a request's outcome unknown: it
+// is neither success nor the store's answer (ErrNotHeld, ErrInvalid), and
+// the request was not refused by a closed backend.
+func unknownOutcome(err error) bool {
+	return err != nil && !errors.Is(err, ErrNotHeld) && !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrClosed)
+}
+
 // releaseUntilKnown sends a cleanup release, and sends it again, after a
 // short pause and at most cleanupResends times, while its outcome is unknown:
 // an error that is neither the store's answer (nil, ErrNotHeld, ErrInvalid)
@@ -625,7 +632,7 @@ func (c *Client) releaseUntilKnown(ctx context.Context, key, token string) {
 	pause := 50 * time.Millisecond
 	for sent := 0; ; sent++ {
 		err := c.b.Release(ctx, key, token)
-		if err == nil || errors.Is(err, ErrNotHeld) || errors.Is(err, ErrInvalid) || errors.Is(err, ErrClosed) || sent == cleanupResends {
+		if !unknownOutcome(err) || sent == cleanupResends {
 			return
 		}
 		t := time.NewTimer(pause)

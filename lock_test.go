@@ -587,6 +587,30 @@ func TestCleanupSendsAnUnknownReleaseAgain(t *testing.T) {
 	}
 }
 
+// A release whose outcome is unknown (the store never saw it here) is sent
+// again in the background: the caller gets the error, and the key is not
+// left held for the rest of its TTL.
+func TestReleaseOfUnknownOutcomeIsSentAgain(t *testing.T) {
+	store := memory.NewStore()
+	f := &firstReleaseLost{Backend: store.NewClient()}
+	c, err := lock.New(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	l, err := c.TryAcquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx); err == nil || errors.Is(err, lock.ErrNotHeld) {
+		t.Fatalf("Release: %v; want the lost request's error", err)
+	}
+	c.Close() // waits for the background release
+	if n := store.Len(); n != 0 {
+		t.Fatalf("%d locks left on the store after a release of unknown outcome", n)
+	}
+}
+
 // unknownThenSlowRelease is a remote-like store whose first acquire takes
 // the lock and reports a timeout (unknown outcome), and whose releases wait
 // for proceed.
