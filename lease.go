@@ -209,7 +209,10 @@ func (l *Lease) Renew(ctx context.Context) error {
 // Release frees the lock. It returns nil when the lock was held until the
 // release; an error wrapping ErrLost when the lease had been lost (the store
 // is asked to free the key anyway, token-checked, so it cannot touch a
-// successor's lock); or the store's error, in which case the lock expires
+// successor's lock); or the store's error. When that error leaves the
+// outcome unknown (a lost reply, a ctx that ended while the request was
+// out), the release is sent again in the background, up to twice more
+// within 3s, and Client.Close waits for it; failing that, the lock expires
 // after its TTL. Releasing twice returns nil.
 //
 // When another goroutine of the same Client waits for the key, Release may
