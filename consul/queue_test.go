@@ -134,20 +134,10 @@ func TestQueueRecordVanishes(t *testing.T) {
 	if err := holder.Release(ctx, "k", tok); err != nil {
 		t.Fatal(err)
 	}
-	h := w2.Handed(t, "the second waiter")
-	holderIs(ctx, t, b2, "k", h.Token, h.Fence)
-	if _, ok := w1.Q.Handed(); ok {
-		t.Fatal("a waiter whose session went was handed the lock")
-	}
 	// Its next attempt queues it again, with a new session.
-	w1.Try(ctx, t, "k")
-	if err := b2.Release(ctx, "k", h.Token); err != nil {
-		t.Fatal(err)
-	}
-	h1 := w1.Handed(t, "the waiter that queued again")
-	if err := b1.Release(ctx, "k", h1.Token); err != nil {
-		t.Fatal(err)
-	}
+	queuetest.RequeuedAfterVanishing(ctx, t, "k", w1, w2, b1, b2, func(h backend.Handover) {
+		holderIs(ctx, t, b2, "k", h.Token, h.Fence)
+	})
 }
 
 // A waiter that gives up leaves nothing behind: its record goes, and a

@@ -122,18 +122,7 @@ func TestQueueRecordVanishes(t *testing.T) {
 	if err := holder.Release(ctx, "k", tok); err != nil {
 		t.Fatal(err)
 	}
-	h := w2.Handed(t, "the second waiter")
-	if _, ok := w1.Q.Handed(); ok {
-		t.Fatal("a waiter whose record expired was handed the lock")
-	}
-	w1.Try(ctx, t, "k")
-	if err := b2.Release(ctx, "k", h.Token); err != nil {
-		t.Fatal(err)
-	}
-	h1 := w1.Handed(t, "the waiter that queued again")
-	if err := b1.Release(ctx, "k", h1.Token); err != nil {
-		t.Fatal(err)
-	}
+	queuetest.RequeuedAfterVanishing(ctx, t, "k", w1, w2, b1, b2, nil)
 }
 
 // A waiter that gives up leaves nothing behind: its record and queue entry

@@ -123,3 +123,27 @@ func AcquireLater(ctx context.Context, t *testing.T, c *lock.Client, key string)
 	}()
 	return got
 }
+
+// RequeuedAfterVanishing finishes a case where w1's queue record vanished
+// while w2 queued behind it, once the holder has released: w2 is handed the
+// lock (check, unless nil, looks at the handover), and w1 is not, from the
+// record that went; w1's next attempt queues it again, at the back, and
+// w2's release (through b2) hands it the lock, which b1 then releases.
+func RequeuedAfterVanishing(ctx context.Context, t *testing.T, key string, w1, w2 *Waiter, b1, b2 backend.Backend, check func(backend.Handover)) {
+	t.Helper()
+	h := w2.Handed(t, "the second waiter")
+	if check != nil {
+		check(h)
+	}
+	if _, ok := w1.Q.Handed(); ok {
+		t.Fatal("a waiter whose queue record vanished was handed the lock from it")
+	}
+	w1.Try(ctx, t, key)
+	if err := b2.Release(ctx, key, h.Token); err != nil {
+		t.Fatal(err)
+	}
+	h1 := w1.Handed(t, "the waiter that queued again")
+	if err := b1.Release(ctx, key, h1.Token); err != nil {
+		t.Fatal(err)
+	}
+}
