@@ -245,12 +245,7 @@ if v == ARGV[1] or v == ARGV[1] .. '+' then
   end
   return 1
 end
-local d = redis.call('GET', KEYS[2])
-if d then
-  return tonumber(d)
-end
-redis.call('SET', KEYS[2], '0', 'PX', ARGV[2])
-return 0`)
+` + releaseNotHeldLua)
 
 	// refreshScript: KEYS = record, queue, lock; ARGV = ttl ms, place id.
 	// Returns {0, 0} when the record is gone; else {1, the lock's PTTL}

@@ -456,6 +456,18 @@ for i = 2, #KEYS do
 end
 return redis.call('PEXPIRE', KEYS[1], ARGV[2])`)
 
+	// releaseNotHeldLua ends the release scripts, for a token that does
+	// not hold the lock (KEYS[2]: its tombstone; ARGV[2]: tombstone ms):
+	// the answer of a release of it that took effect before (its
+	// tombstone's 1), else 0, and the token is dead from now on.
+	releaseNotHeldLua = `
+local d = redis.call('GET', KEYS[2])
+if d then
+  return tonumber(d)
+end
+redis.call('SET', KEYS[2], '0', 'PX', ARGV[2])
+return 0`
+
 	// releaseScript: KEYS = lock, dead token; ARGV = token, tombstone ms[,
 	// channel, release id]. Returns 1 when it deleted the lock or had
 	// deleted it before (the token's tombstone says so), 0 when token did
@@ -474,12 +486,7 @@ if v == ARGV[1] or v == ARGV[1] .. '+' then
   end
   return 1
 end
-local d = redis.call('GET', KEYS[2])
-if d then
-  return tonumber(d)
-end
-redis.call('SET', KEYS[2], '0', 'PX', ARGV[2])
-return 0`)
+` + releaseNotHeldLua)
 
 	// transferScript: KEYS = lock, fence, next, to's tombstone[, the
 	// slot's fence counter]; ARGV = from token, to token, ttl ms, fence
