@@ -54,6 +54,8 @@
 //	CancelWhileStoreHangs
 //	LostSignalWhileRenewalsHang  Disconnecter
 //	ReplyLost                    ReplyHolder and backend.Inspector
+//	ReleaseSentAgain             ReplyHolder, Disconnecter and
+//	                             backend.Inspector
 //	DeadlineFromSend             ReplyHolder
 //	FenceAfterRestart            Restarter; checks only with DurableFence
 //
@@ -237,6 +239,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness, opts ...Option) {
 		{"RetriedAcquire", s.retriedAcquire},
 		{"CancelUnderLoad", s.cancelUnderLoad},
 		{"ReplyLost", s.replyLost},
+		{"ReleaseSentAgain", s.releaseSentAgain},
 		{"CancelWhileStoreHangs", s.cancelWhileStoreHangs},
 		{"FenceAfterRestart", s.fenceAfterRestart},
 	}

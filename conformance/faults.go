@@ -394,6 +394,82 @@ func (s *suite) replyLost(t *testing.T) {
 	})
 }
 
+// releaseSentAgain: a release whose deadline passes while its reply is held
+// (the store freed the key) reports its outcome unknown, and package lock
+// sends it again in the background. Its client is cut off before the copy
+// sent again can leave, and another client takes the key meanwhile; when
+// the partition heals, that copy reaches the store after the new owner's
+// acquire, and must leave its lock alone (a release is token-checked, and
+// a release sent again changes nothing).
+func (s *suite) releaseSentAgain(t *testing.T) {
+	rh := s.replyHolder(t)
+	d, ok := s.h.(Disconnecter)
+	if !ok {
+		t.Skip("the harness offers no Disconnecter: a release sent again cannot be held back")
+	}
+	in := s.inspector(t)
+	ctx := s.ctx(t)
+	key := s.key(t)
+	bb := s.backend(t)
+	c := s.clientOver(t, bb, lock.WithTTL(s.long), lock.WithAutoRenew(false))
+	s.warmUp(ctx, t, c)
+	l, err := c.TryAcquire(ctx, key)
+	if err != nil {
+		t.Fatalf("TryAcquire: %v", err)
+	}
+	replies(ctx, t, rh, bb).hold()
+	released := make(chan error, 1)
+	// The caller gives up at the deadline, after the store acted and the
+	// client was cut off (a cancel before the deadline may not end a call
+	// before the client library's own timeouts: see the redis package).
+	rctx, cancel := context.WithTimeout(ctx, max(s.short, 500*time.Millisecond))
+	defer cancel()
+	go func() { released <- l.Release(rctx) }()
+	for { // until the store ran the release
+		h, err := in.Inspect(ctx, key)
+		if err != nil {
+			t.Fatalf("Inspect: %v", err)
+		}
+		if !h.Held {
+			break
+		}
+		time.Sleep(time.Millisecond) // poll the store
+	}
+	if err := d.Disconnect(ctx, unguarded(bb)); err != nil {
+		t.Fatalf("harness Disconnect: %v", err)
+	}
+	healed := false
+	defer func() {
+		if !healed {
+			d.Reconnect(ctx, unguarded(bb))
+		}
+	}()
+	if rctx.Err() != nil {
+		t.Fatal("the release's deadline passed before its client was cut off: the store or this machine stalled; the copy sent again may have gone first")
+	}
+	if err := <-released; err == nil {
+		t.Fatal("Release returned nil while its reply was held; want the context's error")
+	}
+	o, err := s.client(t).TryAcquire(ctx, key, lock.WithTTL(s.long))
+	if err != nil {
+		t.Fatalf("TryAcquire by another client once the store freed the key: %v", err)
+	}
+	defer o.Release(ctx)
+	healed = true
+	if err := d.Reconnect(ctx, unguarded(bb)); err != nil {
+		t.Fatalf("harness Reconnect: %v", err)
+	}
+	replies(ctx, t, rh, bb).deliver()
+	c.Close() // waits for the release sent again
+	h, err := in.Inspect(ctx, key)
+	if err != nil {
+		t.Fatalf("Inspect: %v", err)
+	}
+	if !h.Held || (h.Fence != 0 && h.Fence != o.Fence()) {
+		t.Fatalf("after the first owner's release was sent again, the store has %+v; want the new owner's lock, fence %d", h, o.Fence())
+	}
+}
+
 // warmUp passes a lock between two goroutines of c on a key of its own, so
 // that the store has done every kind of request once (a script cache is
 // loaded, say) before a case holds replies.
