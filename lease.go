@@ -212,8 +212,8 @@ func (l *Lease) Renew(ctx context.Context) error {
 // successor's lock); or the store's error. When that error leaves the
 // outcome unknown (a lost reply, a ctx that ended while the request was
 // out), the release is sent again in the background, up to twice more
-// within 3s, and Client.Close waits for it; failing that, the lock expires
-// after its TTL. Releasing twice returns nil.
+// within the shorter of the TTL and 3s, and Client.Close waits for it;
+// failing that, the lock expires after its TTL. Releasing twice returns nil.
 //
 // When another goroutine of the same Client waits for the key, Release may
 // hand the lock to it ahead of the store (see Acquire) and return nil at

@@ -627,7 +627,10 @@ func unknownOutcome(err error) bool {
 // later owner's; and a release that reaches the store twice, or after the
 // token lost the key, changes nothing on the lock (the backend contract:
 // it answers nil or ErrNotHeld). The bound keeps a store that is down from
-// being asked again and again.
+// being asked again and again. The conformance case ReleaseSentAgain holds
+// a copy back behind a partition until another client holds the key, on
+// every backend's real server, and checks that the copy leaves that lock
+// alone.
 func (c *Client) releaseUntilKnown(ctx context.Context, key, token string) {
 	pause := 50 * time.Millisecond
 	for sent := 0; ; sent++ {
