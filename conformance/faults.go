@@ -342,19 +342,7 @@ func (s *suite) replyLost(t *testing.T) {
 		if err != nil {
 			t.Fatalf("TryAcquire: %v", err)
 		}
-		replies(ctx, t, rh, bb).hold()
-		released := make(chan error, 1)
-		go func() { released <- l.Release(ctx) }()
-		for { // until the store ran the release
-			h, err := in.Inspect(ctx, key)
-			if err != nil {
-				t.Fatalf("Inspect: %v", err)
-			}
-			if !h.Held {
-				break
-			}
-			time.Sleep(time.Millisecond) // poll the store
-		}
+		released := releaseHeld(ctx, ctx, t, in, rh, bb, l, key)
 		replies(ctx, t, rh, bb).drop()
 		if err := <-released; errors.Is(err, lock.ErrLost) {
 			t.Fatalf("Release of a lease held until the store freed the key, after its reply was lost: %v; it must not report the lease as lost", err)
@@ -394,6 +382,26 @@ func (s *suite) replyLost(t *testing.T) {
 	})
 }
 
+// releaseHeld holds bb's replies, starts l.Release(rctx) and returns once
+// the store has freed key (the release ran; its reply is held); the
+// channel carries what Release returns.
+func releaseHeld(ctx, rctx context.Context, t *testing.T, in backend.Inspector, rh ReplyHolder, bb backend.Backend, l *lock.Lease, key string) <-chan error {
+	t.Helper()
+	replies(ctx, t, rh, bb).hold()
+	released := make(chan error, 1)
+	go func() { released <- l.Release(rctx) }()
+	for { // until the store ran the release
+		h, err := in.Inspect(ctx, key)
+		if err != nil {
+			t.Fatalf("Inspect: %v", err)
+		}
+		if !h.Held {
+			return released
+		}
+		time.Sleep(time.Millisecond) // poll the store
+	}
+}
+
 // releaseSentAgain: a release whose deadline passes while its reply is held
 // (the store freed the key) reports its outcome unknown, and package lock
 // sends it again in the background. Its client is cut off before the copy
@@ -417,24 +425,12 @@ func (s *suite) releaseSentAgain(t *testing.T) {
 	if err != nil {
 		t.Fatalf("TryAcquire: %v", err)
 	}
-	replies(ctx, t, rh, bb).hold()
-	released := make(chan error, 1)
 	// The caller gives up at the deadline, after the store acted and the
 	// client was cut off (a cancel before the deadline may not end a call
 	// before the client library's own timeouts: see the redis package).
 	rctx, cancel := context.WithTimeout(ctx, max(s.short, 500*time.Millisecond))
 	defer cancel()
-	go func() { released <- l.Release(rctx) }()
-	for { // until the store ran the release
-		h, err := in.Inspect(ctx, key)
-		if err != nil {
-			t.Fatalf("Inspect: %v", err)
-		}
-		if !h.Held {
-			break
-		}
-		time.Sleep(time.Millisecond) // poll the store
-	}
+	released := releaseHeld(ctx, rctx, t, in, rh, bb, l, key)
 	if err := d.Disconnect(ctx, unguarded(bb)); err != nil {
 		t.Fatalf("harness Disconnect: %v", err)
 	}
