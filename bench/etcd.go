@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net/url"
 	"os"
 	"slices"
@@ -205,11 +206,15 @@ func (c countingStream) SendMsg(m any) error {
 }
 
 // etcdOps prints how long each request of a one-goroutine cycle takes, for
-// this library and for Mutex, beside the two ways a bare client can delete
-// a lock key: a transaction guarded by the owner's token (what a release
-// must be, etcd#22082) and Mutex's blind DeleteRange. The four patterns run
-// interleaved, cycle by cycle, n times each, on one server, so that the
-// disk's drift hits them alike.
+// this library and for Mutex, beside bare-client patterns that show what
+// the server charges for each way of releasing a lock: this library's
+// transactions, its release without the token's tombstone, Mutex's blind
+// DeleteRange, and a layout that never deletes the key (acquire guarded by
+// the key's mod revision, release overwriting it with a released marker).
+// Each cycle runs every pattern once, in a new random order, n cycles in
+// all, on one server, so that neither the disk's drift nor the request
+// that went before favours one pattern. One goroutine's cycle rate is the
+// inverse of its mean cycle, so the last table compares means.
 func etcdOps(addr string, n int) {
 	ctx := context.Background()
 	l := newEtcdLock(etcdClient(addr, &atomic.Int64{})).(lockPeer)
@@ -219,70 +224,128 @@ func etcdOps(addr string, n int) {
 	}
 	defer s.Close()
 	raw := etcdClient(addr, &atomic.Int64{})
-	lease, err := raw.Grant(ctx, 3600) // outlives the measurement, not kept alive
-	if err != nil {
-		fatal(err)
+	grant := func() clientv3.LeaseID {
+		resp, err := raw.Grant(ctx, 3600) // outlives the measurement, not kept alive
+		if err != nil {
+			fatal(err)
+		}
+		return resp.ID
 	}
-	defer raw.Revoke(ctx, lease.ID)
+	lease, tombs := grant(), grant()
+	defer raw.Revoke(ctx, lease)
+	defer raw.Revoke(ctx, tombs)
 	key := fmt.Sprintf("bench-ops:%d", run.Add(1))
-	owned := clientv3.Compare(clientv3.Value(key), "=", "token")
-	put := func() {
-		if _, err := raw.Put(ctx, key, "token", clientv3.WithLease(lease.ID)); err != nil {
-			fatal(err)
+	commit := func(txn clientv3.Txn) (*clientv3.TxnResponse, error) {
+		resp, err := txn.Commit()
+		if err == nil && !resp.Succeeded {
+			err = fmt.Errorf("bench: a transaction of the ops scenario failed its comparisons")
 		}
+		return resp, err
 	}
-	tombs, err := raw.Grant(ctx, 3600)
-	if err != nil {
-		fatal(err)
+	// The lock's acquire transaction as a bare client sends it: the key,
+	// the token's tombstone and the queue checked.
+	acquireTxn := func(c *clientv3.Client, k, token string) error {
+		_, err := commit(c.Txn(ctx).If(
+			clientv3.Compare(clientv3.CreateRevision(k), "=", 0),
+			clientv3.Compare(clientv3.CreateRevision(k+":tomb:"+token), "=", 0),
+			clientv3.Compare(clientv3.CreateRevision(k+":q/"), "=", 0).WithPrefix(),
+		).Then(clientv3.OpPut(k, token, clientv3.WithLease(lease))).Else(clientv3.OpGet(k+":tomb:"+token, clientv3.WithCountOnly())))
+		return err
 	}
-	defer raw.Revoke(ctx, tombs.ID)
-	names := []string{"lock: TryAcquire", "lock: Release", "Mutex: TryLock", "Mutex: Unlock",
-		"bare client: put (the key for each delete below)", "bare client: delete guarded by the token (Txn)", "bare client: blind delete (DeleteRange)",
-		"bare client: the lock's acquire transaction (key, dead token, queue checked)", "bare client: the lock's release transaction (guarded delete, token's tombstone)"}
-	took := make([][]time.Duration, len(names))
-	timed := func(i int, f func() error) {
-		start := time.Now()
-		if err := f(); err != nil {
-			fatal(err)
-		}
-		took[i] = append(took[i], time.Since(start))
+	type pattern struct {
+		name, acquire, release string
+		run                    func(c *clientv3.Client, i int, timed func(j int, f func() error))
 	}
+	var markRev int64 // the marker key's mod revision, after its last release
+	patterns := []pattern{
+		{"this library", "lock: TryAcquire", "lock: Release", func(c *clientv3.Client, i int, timed func(int, func() error)) {
+			var unlock func(context.Context) error
+			timed(0, func() (err error) { unlock, err = l.try(ctx, key+":lock"); return err })
+			timed(1, func() error { return unlock(ctx) })
+		}},
+		{"concurrency.Mutex", "Mutex: TryLock", "Mutex: Unlock", func(c *clientv3.Client, i int, timed func(int, func() error)) {
+			m := concurrency.NewMutex(s, "/"+key+":mutex")
+			timed(0, func() error { return m.TryLock(ctx) })
+			timed(1, func() error { return m.Unlock(ctx) })
+		}},
+		{"bare: this library's two transactions", "bare: the lock's acquire transaction", "bare: the lock's release transaction (guarded delete, token's tombstone)", func(c *clientv3.Client, i int, timed func(int, func() error)) {
+			k, token := key+":txn", fmt.Sprintf("%032x", i)
+			timed(0, func() error { return acquireTxn(c, k, token) })
+			timed(1, func() error {
+				_, err := commit(c.Txn(ctx).If(clientv3.Compare(clientv3.Value(k), "=", token)).Then(
+					clientv3.OpDelete(k, clientv3.WithPrevKV()), clientv3.OpPut(k+":tomb:"+token, "1", clientv3.WithLease(tombs))))
+				return err
+			})
+		}},
+		{"bare: this library's, without the tombstone", "bare: the lock's acquire transaction (for the release below)", "bare: delete guarded by the token, no tombstone", func(c *clientv3.Client, i int, timed func(int, func() error)) {
+			k, token := key+":notomb", fmt.Sprintf("%032x", i)
+			timed(0, func() error { return acquireTxn(c, k, token) })
+			timed(1, func() error {
+				_, err := commit(c.Txn(ctx).If(clientv3.Compare(clientv3.Value(k), "=", token)).Then(clientv3.OpDelete(k)))
+				return err
+			})
+		}},
+		{"bare: put, blind delete (Mutex's requests without its queue read)", "bare: put", "bare: blind delete (DeleteRange, as Mutex)", func(c *clientv3.Client, i int, timed func(int, func() error)) {
+			k := key + ":blind"
+			timed(0, func() error { _, err := c.Put(ctx, k, "token", clientv3.WithLease(lease)); return err })
+			timed(1, func() error { _, err := c.Delete(ctx, k); return err })
+		}},
+		{"bare: a key never deleted", "bare, key never deleted: acquire guarded by its mod revision", "bare, key never deleted: release writes a released marker", func(c *clientv3.Client, i int, timed func(int, func() error)) {
+			k, token := key+":marker", fmt.Sprintf("%032x", i)
+			timed(0, func() error {
+				_, err := commit(c.Txn(ctx).If(
+					clientv3.Compare(clientv3.ModRevision(k), "=", markRev),
+					clientv3.Compare(clientv3.CreateRevision(k+":q/"), "=", 0).WithPrefix(),
+				).Then(clientv3.OpPut(k, token, clientv3.WithLease(lease))).Else(clientv3.OpGet(k)))
+				return err
+			})
+			timed(1, func() error {
+				resp, err := commit(c.Txn(ctx).If(clientv3.Compare(clientv3.Value(k), "=", token)).Then(
+					clientv3.OpPut(k, "-"+token, clientv3.WithLease(tombs))))
+				if err == nil {
+					markRev = resp.Header.Revision
+				}
+				return err
+			})
+		}},
+	}
+	// Each bare pattern has a client of its own, as the lock and Mutex (the
+	// first two) have: a connection is quicker the more often it is used.
+	clients := make([]*clientv3.Client, len(patterns))
+	for p := 2; p < len(patterns); p++ {
+		clients[p] = etcdClient(addr, &atomic.Int64{})
+	}
+	took := make([][2][]time.Duration, len(patterns))
 	for i := range n {
-		var unlock func(context.Context) error
-		timed(0, func() (err error) { unlock, err = l.try(ctx, key+":lock"); return err })
-		timed(1, func() error { return unlock(ctx) })
-		m := concurrency.NewMutex(s, "/"+key+":mutex")
-		timed(2, func() error { return m.TryLock(ctx) })
-		timed(3, func() error { return m.Unlock(ctx) })
-		timed(4, func() error { put(); return nil })
-		timed(5, func() error {
-			_, err := raw.Txn(ctx).If(owned).Then(clientv3.OpDelete(key)).Commit()
-			return err
-		})
-		put()
-		timed(6, func() error { _, err := raw.Delete(ctx, key); return err })
-		// The two transactions of this library's etcd backend, as a
-		// bare client would send them: what its cycle costs the server.
-		token := fmt.Sprintf("%032x", i)
-		tomb := key + ":tomb:" + token
-		timed(7, func() error {
-			_, err := raw.Txn(ctx).If(
-				clientv3.Compare(clientv3.CreateRevision(key), "=", 0),
-				clientv3.Compare(clientv3.CreateRevision(tomb), "=", 0),
-				clientv3.Compare(clientv3.CreateRevision(key+":q/"), "=", 0).WithPrefix(),
-			).Then(clientv3.OpPut(key, token, clientv3.WithLease(lease.ID))).Else(clientv3.OpGet(tomb, clientv3.WithCountOnly())).Commit()
-			return err
-		})
-		timed(8, func() error {
-			_, err := raw.Txn(ctx).If(clientv3.Compare(clientv3.Value(key), "=", token)).Then(
-				clientv3.OpDelete(key, clientv3.WithPrevKV()), clientv3.OpPut(tomb, "1", clientv3.WithLease(tombs.ID))).Commit()
-			return err
-		})
+		for _, p := range rand.Perm(len(patterns)) {
+			patterns[p].run(clients[p], i, func(j int, f func() error) {
+				start := time.Now()
+				if err := f(); err != nil {
+					fatal(err)
+				}
+				took[p][j] = append(took[p][j], time.Since(start))
+			})
+		}
 	}
-	fmt.Printf("| request (%d each, interleaved) | median | lower quartile |\n|---|---|---|\n", n)
-	for i, name := range names {
-		d := took[i]
-		slices.Sort(d)
-		fmt.Printf("| %s | %.0f µs | %.0f µs |\n", name, float64(d[len(d)/2])/1e3, float64(d[len(d)/4])/1e3)
+	mean := func(d []time.Duration) float64 {
+		var sum time.Duration
+		for _, x := range d {
+			sum += x
+		}
+		return float64(sum) / float64(len(d)) / 1e3
+	}
+	fmt.Printf("| request (%d each, shuffled in each cycle) | median | mean |\n|---|---|---|\n", n)
+	for p, pat := range patterns {
+		for j, name := range []string{pat.acquire, pat.release} {
+			d := took[p][j]
+			slices.Sort(d)
+			fmt.Printf("| %s | %.0f µs | %.0f µs |\n", name, float64(d[len(d)/2])/1e3, mean(d))
+		}
+	}
+	fmt.Printf("\n| one-goroutine cycle (mean acquire + mean release) | µs | rate vs Mutex |\n|---|---|---|\n")
+	mutex := mean(took[1][0]) + mean(took[1][1])
+	for p, pat := range patterns {
+		c := mean(took[p][0]) + mean(took[p][1])
+		fmt.Printf("| %s | %.0f | %.2fx |\n", pat.name, c, mutex/c)
 	}
 }
