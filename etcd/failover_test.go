@@ -2,11 +2,7 @@ package etcd_test
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"sort"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -17,38 +13,12 @@ import (
 	"github.com/distlock/lock"
 	"github.com/distlock/lock/conformance/serverproc"
 	"github.com/distlock/lock/etcd"
+	"github.com/distlock/lock/internal/etcdtest"
 )
 
 // startCluster starts a 3-member etcd cluster, each member a process of its
 // own, and waits until every member is healthy.
-func startCluster(t *testing.T) []*serverproc.Process {
-	t.Helper()
-	const n = 3
-	peers := freePorts(t, n)
-	var initial []string
-	for i, p := range peers {
-		initial = append(initial, fmt.Sprintf("m%d=http://127.0.0.1:%d", i, p))
-	}
-	var members []*serverproc.Process
-	for i := range n {
-		// Ready when its port is open: a member alone has no quorum to
-		// be healthy with.
-		members = append(members, serverproc.Start(t,
-			[]string{os.Args[0], "-name", "m" + strconv.Itoa(i), "-client", serverproc.PortPlaceholder,
-				"-peer", strconv.Itoa(peers[i]), "-cluster", strings.Join(initial, ",")},
-			serverproc.Options{Env: []string{memberEnv + "=1"}}))
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for _, m := range members {
-		for !healthy(m.Addr) {
-			if time.Now().After(deadline) {
-				t.Fatalf("member %s not healthy within 30s", m)
-			}
-			time.Sleep(20 * time.Millisecond) // poll until the cluster has a leader
-		}
-	}
-	return members
-}
+func startCluster(t *testing.T) []*serverproc.Process { return etcdtest.StartCluster(t, 3) }
 
 // leaderOf returns the member that leads the cluster.
 func leaderOf(ctx context.Context, t *testing.T, cli *clientv3.Client, members []*serverproc.Process) *serverproc.Process {

@@ -184,7 +184,9 @@ type gcStory struct {
 // gcPause plays the story twice on the same lock: once with a resource that
 // ignores fences, once with one that checks them.
 func (e *environment) gcPause(ctx context.Context, locks *lock.Client, key string) (gcStory, error) {
-	const ttl = 300 * time.Millisecond
+	// Short, so that the story takes a moment, but no shorter than the
+	// backend accepts (etcd's and Consul's minimums are longer).
+	ttl := max(300*time.Millisecond, locks.Capabilities().MinTTL)
 	var s gcStory
 	play := func(checkFence bool) (*fencedFile, uint64, uint64, error, error) {
 		f := &fencedFile{}
@@ -193,7 +195,9 @@ func (e *environment) gcPause(ctx context.Context, locks *lock.Client, key strin
 			return nil, 0, 0, nil, err
 		}
 		<-a.Done() // A stalls past its lease (no renewal while paused)
-		bctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		// The store may keep A's lock past its TTL (Consul up to twice,
+		// then its lock-delay): B waits for it.
+		bctx, cancel := context.WithTimeout(ctx, 10*time.Second+4*ttl)
 		defer cancel()
 		b, err := locks.Acquire(bctx, key)
 		if err != nil {

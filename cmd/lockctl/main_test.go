@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
+	"github.com/distlock/lock/internal/etcdtest"
 	"github.com/distlock/lock/internal/redistest"
 )
 
@@ -23,6 +25,7 @@ import (
 const mainEnv = "LOCKCTL_TEST_MAIN"
 
 func TestMain(m *testing.M) {
+	etcdtest.MaybeRunMember() // a test's etcd server
 	// Processes built with -race (this binary, run as lockctl's guard)
 	// otherwise wait a second when they exit.
 	os.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
@@ -260,5 +263,43 @@ func TestRunOnRedlock(t *testing.T) {
 	code, out, _ = call(t, nil, "status", "--backend", url, "job")
 	if code != 0 || strings.TrimSpace(out) != "job: free" {
 		t.Fatalf("status on redlock: %d %q", code, out)
+	}
+}
+
+// lockctl on etcd, a real member as a process of its own: the same
+// commands as on Redis with only the URL changed, fences from etcd's
+// revisions.
+func TestRunOnEtcd(t *testing.T) {
+	url := "etcd://" + etcdtest.Start(t).Addr
+	started := filepath.Join(t.TempDir(), "started")
+	done := make(chan int)
+	go func() {
+		code, _, _ := call(t, nil, "run", "--backend", url, "job", "--", "sh", "-c", "touch "+started+"; sleep 1")
+		done <- code
+	}()
+	waitForFile(t, started)
+	code, out, _ := call(t, nil, "status", "--backend", url, "job")
+	m := regexp.MustCompile(`^job: held by \S+, fence (\d+),`).FindStringSubmatch(out)
+	if code != 0 || m == nil {
+		t.Fatalf("status while held: %d %q; want the holder and its fence", code, out)
+	}
+	held, _ := strconv.ParseUint(m[1], 10, 64)
+	if code, _, stderr := call(t, nil, "run", "--backend", url, "--no-wait", "job", "--", "true"); code != exitNotAcquired {
+		t.Errorf("--no-wait while held: status %d; want 75 (%q)", code, stderr)
+	}
+	if code := <-done; code != 0 {
+		t.Fatalf("holder: status %d", code)
+	}
+	code, out, stderr := call(t, nil, "run", "--backend", url, "--no-wait", "job", "--", "sh", "-c", `echo "$LOCK_FENCE"`)
+	next, err := strconv.ParseUint(strings.TrimSpace(out), 10, 64)
+	if code != 0 || err != nil || next <= held {
+		t.Fatalf("run after the holder: status %d, fence %q (stderr %q); want 0 and a fence above %d", code, out, stderr, held)
+	}
+	if code, out, _ := call(t, nil, "status", "--backend", url, "job"); code != 0 || strings.TrimSpace(out) != "job: free" {
+		t.Fatalf("status after: %d %q", code, out)
+	}
+	code, out, stderr = call(t, nil, "demo", "--backend", url, "--buyers", "200", "--units", "20")
+	if code != exitOK || !strings.Contains(out, "With the lock: 20 sold, 0 oversold") {
+		t.Fatalf("demo on etcd: status %d\n%s\n%s", code, out, stderr)
 	}
 }
