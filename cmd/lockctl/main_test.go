@@ -171,14 +171,7 @@ func TestRunExportsTheLockAndPropagatesTheStatus(t *testing.T) {
 
 func TestRunNoWaitAndTimeoutWhenHeld(t *testing.T) {
 	url, _ := redisURL(t)
-	dir := t.TempDir()
-	started := filepath.Join(dir, "started")
-	done := make(chan int)
-	go func() {
-		code, _, _ := call(t, nil, "run", "--backend", url, "job", "--", "sh", "-c", "touch "+started+"; sleep 1")
-		done <- code
-	}()
-	waitForFile(t, started)
+	done := holdJob(t, url)
 	code, out, _ := call(t, nil, "status", "--backend", url, "job")
 	if code != 0 || !strings.Contains(out, "job: held by") || !strings.Contains(out, "fence 1") {
 		t.Errorf("status while held: %d %q", code, out)
@@ -192,6 +185,21 @@ func TestRunNoWaitAndTimeoutWhenHeld(t *testing.T) {
 	if code := <-done; code != 0 {
 		t.Errorf("holder: status %d", code)
 	}
+}
+
+// holdJob starts lockctl run on key job at url with a command that holds
+// it for a second, and returns once the command runs; the run's status
+// comes on the channel.
+func holdJob(t *testing.T, url string) <-chan int {
+	t.Helper()
+	started := filepath.Join(t.TempDir(), "started")
+	done := make(chan int, 1)
+	go func() {
+		code, _, _ := call(t, nil, "run", "--backend", url, "job", "--", "sh", "-c", "touch "+started+"; sleep 1")
+		done <- code
+	}()
+	waitForFile(t, started)
+	return done
 }
 
 func waitForFile(t *testing.T, path string) {
@@ -271,13 +279,7 @@ func TestRunOnRedlock(t *testing.T) {
 // revisions.
 func TestRunOnEtcd(t *testing.T) {
 	url := "etcd://" + etcdtest.Start(t).Addr
-	started := filepath.Join(t.TempDir(), "started")
-	done := make(chan int)
-	go func() {
-		code, _, _ := call(t, nil, "run", "--backend", url, "job", "--", "sh", "-c", "touch "+started+"; sleep 1")
-		done <- code
-	}()
-	waitForFile(t, started)
+	done := holdJob(t, url)
 	code, out, _ := call(t, nil, "status", "--backend", url, "job")
 	m := regexp.MustCompile(`^job: held by \S+, fence (\d+),`).FindStringSubmatch(out)
 	if code != 0 || m == nil {
