@@ -314,6 +314,7 @@ func etcdOps(addr string, n int) {
 	clients := make([]*clientv3.Client, len(patterns))
 	for p := 2; p < len(patterns); p++ {
 		clients[p] = etcdClient(addr, &atomic.Int64{})
+		defer clients[p].Close()
 	}
 	took := make([][2][]time.Duration, len(patterns))
 	for i := range n {
