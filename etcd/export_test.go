@@ -47,3 +47,14 @@ func AgeIdleLeases(b *Backend, d time.Duration) {
 // UnrefreshedWindow is how recently an idle lease must have been refreshed
 // to carry a lock without a refresh of its own.
 const UnrefreshedWindow = unrefreshedWindow
+
+// QueueHeadToken returns the token at the head of key's queue as b's
+// follower of the key sees it, or "" when b does not follow the key or sees
+// nobody queued.
+func QueueHeadToken(b *Backend, key string) string {
+	_, head, ok := b.queues.head(b.lockKeyOf(key))
+	if !ok {
+		return ""
+	}
+	return head.token
+}

@@ -67,6 +67,19 @@ func (w *waiter) notWoken(t *testing.T, who string) {
 	}
 }
 
+// seenQueued waits until b's follower of key sees tok at the head of its
+// queue: the watch event of a queue record comes a moment after the write.
+func seenQueued(t *testing.T, b *etcd.Backend, key, tok string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for etcd.QueueHeadToken(b, key) != tok {
+		if time.Now().After(deadline) {
+			t.Fatalf("the holder's watch did not see the waiter %s queued within 5s (head %q)", tok, etcd.QueueHeadToken(b, key))
+		}
+		time.Sleep(time.Millisecond) // poll the follower's view
+	}
+}
+
 // handed waits for the handover to w and returns its fence.
 func (w *waiter) handed(t *testing.T, who string) uint64 {
 	t.Helper()
@@ -147,6 +160,7 @@ func TestQueueHandsOverInOrder(t *testing.T) {
 	// key: it hands the lock over.
 	relB, relTok := ws[0].b, tok0
 	for i, w := range ws[1:] {
+		seenQueued(t, relB, "k", w.tok)
 		if err := relB.Release(ctx, "k", relTok); err != nil {
 			t.Fatalf("Release by waiter %d: %v", i, err)
 		}
@@ -251,6 +265,9 @@ func TestQueueGivingUpLeavesNothing(t *testing.T) {
 			wb, _ := newBackend(t, srv.Addr)
 			w := queueUp(ctx, t, wb, key)
 			if when == "handed before it left" {
+				// The holder hands over only to a waiter its watch
+				// has seen; before that its release deletes the key.
+				seenQueued(t, holder, key, w.tok)
 				if err := holder.Release(ctx, key, tok); err != nil {
 					t.Fatalf("Release: %v", err)
 				}
