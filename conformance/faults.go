@@ -334,14 +334,7 @@ func (s *suite) replyLost(t *testing.T) {
 	in := s.inspector(t)
 	t.Run("ReleaseReplyDropped", func(t *testing.T) {
 		ctx := s.ctx(t)
-		key := s.key(t)
-		bb := s.backend(t)
-		c := s.clientOver(t, bb, lock.WithTTL(s.long), lock.WithAutoRenew(false))
-		s.warmUp(ctx, t, c)
-		l, err := c.TryAcquire(ctx, key)
-		if err != nil {
-			t.Fatalf("TryAcquire: %v", err)
-		}
+		bb, _, key, l := s.acquiredOver(ctx, t, s.long)
 		released := releaseHeld(ctx, ctx, t, in, rh, bb, l, key)
 		replies(ctx, t, rh, bb).drop()
 		if err := <-released; errors.Is(err, lock.ErrLost) {
@@ -350,15 +343,8 @@ func (s *suite) replyLost(t *testing.T) {
 	})
 	t.Run("ReleaseReplyLate", func(t *testing.T) {
 		ctx := s.ctx(t)
-		key := s.key(t)
 		ttl := max(5*s.short, time.Second)
-		bb := s.backend(t)
-		c := s.clientOver(t, bb, lock.WithTTL(ttl), lock.WithAutoRenew(false))
-		s.warmUp(ctx, t, c)
-		a, err := c.TryAcquire(ctx, key)
-		if err != nil {
-			t.Fatalf("TryAcquire: %v", err)
-		}
+		bb, c, key, a := s.acquiredOver(ctx, t, ttl)
 		got := acquireLater(ctx, t, c, key)
 		waitWaiting(ctx, t, c, key, 1)
 		replies(ctx, t, rh, bb).hold()
@@ -417,14 +403,7 @@ func (s *suite) releaseSentAgain(t *testing.T) {
 	}
 	in := s.inspector(t)
 	ctx := s.ctx(t)
-	key := s.key(t)
-	bb := s.backend(t)
-	c := s.clientOver(t, bb, lock.WithTTL(s.long), lock.WithAutoRenew(false))
-	s.warmUp(ctx, t, c)
-	l, err := c.TryAcquire(ctx, key)
-	if err != nil {
-		t.Fatalf("TryAcquire: %v", err)
-	}
+	bb, c, key, l := s.acquiredOver(ctx, t, s.long)
 	// The caller gives up at the deadline, after the store acted and the
 	// client was cut off (a cancel before the deadline may not end a call
 	// before the client library's own timeouts: see the redis package).
@@ -464,6 +443,22 @@ func (s *suite) releaseSentAgain(t *testing.T) {
 	if !h.Held || (h.Fence != 0 && h.Fence != o.Fence()) {
 		t.Fatalf("after the first owner's release was sent again, the store has %+v; want the new owner's lock, fence %d", h, o.Fence())
 	}
+}
+
+// acquiredOver takes a new key with a lease of ttl that is not renewed,
+// through a warmed-up client of its own over a backend of its own; it
+// returns the backend (to hold its replies or cut it off) and the client.
+func (s *suite) acquiredOver(ctx context.Context, t *testing.T, ttl time.Duration) (backend.Backend, *lock.Client, string, *lock.Lease) {
+	t.Helper()
+	key := s.key(t)
+	bb := s.backend(t)
+	c := s.clientOver(t, bb, lock.WithTTL(ttl), lock.WithAutoRenew(false))
+	s.warmUp(ctx, t, c)
+	l, err := c.TryAcquire(ctx, key)
+	if err != nil {
+		t.Fatalf("TryAcquire: %v", err)
+	}
+	return bb, c, key, l
 }
 
 // warmUp passes a lock between two goroutines of c on a key of its own, so
