@@ -28,6 +28,28 @@ func (s *suite) fifoOrder(t *testing.T) {
 	const waiters = 5
 	order := make(chan int, waiters+1)
 	var served atomic.Int32
+	// A newcomer tries the key right after every release that leaves
+	// waiters behind, and all along besides; it must get the key only
+	// after every waiter that came before it. Trying right after a
+	// release, from the goroutine that released, gives a store that only
+	// wakes its waiters in order (and lets anyone take the free key) no
+	// chance to hide behind a waiter that wakes faster than the newcomer
+	// polls.
+	late := s.client(t, lock.WithTTL(s.long))
+	var (
+		lateMu sync.Mutex   // the newcomer tries once at a time
+		barged atomic.Int32 // its attempts that went ahead of a waiter
+	)
+	newcomer := func() {
+		lateMu.Lock()
+		defer lateMu.Unlock()
+		if l, err := late.TryAcquire(ctx, key); err == nil {
+			if served.Load() < waiters {
+				barged.Add(1)
+			}
+			l.Release(ctx)
+		}
+	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for i := range waiters {
@@ -49,6 +71,9 @@ func (s *suite) fifoOrder(t *testing.T) {
 			if err := l.Release(ctx); err != nil {
 				t.Errorf("waiter %d: Release: %v", i, err)
 			}
+			if served.Load() < waiters {
+				newcomer()
+			}
 		}()
 		// The next waiter starts once the store has seen this one wait.
 		select {
@@ -57,34 +82,21 @@ func (s *suite) fifoOrder(t *testing.T) {
 			t.Fatalf("waiter %d never reached the store", i)
 		}
 	}
-	// A newcomer tries right after the release, and then all along; it
-	// must get the key only after every waiter that came before it.
-	late := s.client(t, lock.WithTTL(s.long))
 	if err := holder.Release(ctx); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	if l, err := late.TryAcquire(ctx, key); err == nil {
-		t.Errorf("a newcomer took the key right after its release, while %d waiters that came before it waited", waiters)
-		l.Release(ctx)
-	}
+	newcomer()
 	stop := make(chan struct{})
-	barged := make(chan int, 1)
+	polled := make(chan struct{})
 	go func() {
-		defer close(barged)
-		for n := 1; ; n++ {
+		defer close(polled)
+		for {
 			select {
 			case <-stop:
 				return
 			default:
 			}
-			l, err := late.TryAcquire(ctx, key)
-			if err == nil {
-				if served.Load() < waiters {
-					barged <- n
-				}
-				l.Release(ctx)
-				return
-			}
+			newcomer()
 			time.Sleep(time.Millisecond) // a newcomer polling the key
 		}
 	}()
@@ -93,8 +105,10 @@ func (s *suite) fifoOrder(t *testing.T) {
 		got = append(got, <-order)
 	}
 	close(stop)
-	if n, ok := <-barged; ok {
-		t.Errorf("a newcomer took the key (attempt %d) while waiters that came before it still waited", n)
+	<-polled
+	wg.Wait()
+	if n := barged.Load(); n > 0 {
+		t.Errorf("a newcomer took the key %d times while waiters that came before it still waited", n)
 	}
 	for i, w := range got {
 		if w != i {
