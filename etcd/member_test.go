@@ -29,10 +29,10 @@ func TestMain(m *testing.M) {
 // at the end of the test. Restart keeps its data.
 func startEtcd(t testing.TB) *serverproc.Process { return etcdtest.Start(t) }
 
-// newClient returns an etcd client of addr, closed at the end of the test.
-func newClient(t testing.TB, addr string) *clientv3.Client {
+// newClient returns an etcd client of the members at addrs, closed at the end of the test.
+func newClient(t testing.TB, addrs ...string) *clientv3.Client {
 	t.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{addr}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: addrs, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatalf("clientv3.New: %v", err)
 	}

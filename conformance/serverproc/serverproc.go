@@ -211,5 +211,9 @@ func (p *Process) Running() bool {
 	return p.cmd != nil
 }
 
+// Dir is the process's working directory, where it may keep its data and
+// logs.
+func (p *Process) Dir() string { return p.opts.Dir }
+
 // String describes the process for messages.
 func (p *Process) String() string { return fmt.Sprintf("%s on %s", p.argv[0], p.Addr) }

@@ -6,6 +6,7 @@
 package etcdtest
 
 import (
+	"encoding/json"
 	"flag"
 	"fmt"
 	"net"
@@ -13,6 +14,8 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -64,7 +67,10 @@ func runMember(args []string) int {
 	cfg.Name = *name
 	cfg.Dir = "data"
 	cfg.UnsafeNoFsync = true
-	cfg.LogLevel = "error"
+	// Elections, failed lease revokes and the like go to a file that a
+	// failing test can show (MemberLog).
+	cfg.LogLevel = "info"
+	cfg.LogOutputs = []string{logFile}
 	cfg.TickMs = tickMs
 	cfg.ElectionMs = electionMs
 	cu := url.URL{Scheme: "http", Host: "127.0.0.1:" + strconv.Itoa(*client)}
@@ -90,6 +96,51 @@ func runMember(args []string) int {
 		e.Close()
 		return 0
 	}
+}
+
+// logFile is the member's log, in its working directory.
+const logFile = "member.log"
+
+// MemberLog returns the lines of member p's log that contain any of the
+// words (all lines when none are given), for a failing test to show what
+// the cluster did: elections, failed lease revokes.
+func MemberLog(p *serverproc.Process, words ...string) []string {
+	b, err := os.ReadFile(filepath.Join(p.Dir(), logFile))
+	if err != nil {
+		return []string{err.Error()}
+	}
+	var lines []string
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		keep := len(words) == 0
+		for _, w := range words {
+			keep = keep || strings.Contains(l, w)
+		}
+		if keep {
+			lines = append(lines, l)
+		}
+	}
+	return lines
+}
+
+// LeaderChanges returns when a member of members became leader, by their
+// logs, in time order.
+func LeaderChanges(members []*serverproc.Process) []time.Time {
+	var at []time.Time
+	for _, m := range members {
+		for _, l := range MemberLog(m, "became leader at term") {
+			var e struct {
+				TS string `json:"ts"`
+			}
+			if json.Unmarshal([]byte(l), &e) != nil {
+				continue
+			}
+			if ts, err := time.Parse(time.RFC3339Nano, e.TS); err == nil {
+				at = append(at, ts)
+			}
+		}
+	}
+	slices.SortFunc(at, time.Time.Compare)
+	return at
 }
 
 // freePorts asks the kernel for n distinct free loopback ports: it holds
