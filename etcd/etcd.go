@@ -107,9 +107,16 @@
 //	                          | (TTLs of 2s and more) plus up to 0.5s (the leader looks for expired leases
 //	                          | twice a second) plus a Raft commit; a new leader
 //	                          | restarts every lease's full TTL plus one election
-//	                          | timeout when it takes over. Declared:
+//	                          | timeout when it takes over. Declared, for one
+//	                          | leader change while the lease lives:
 //	                          | 2 x TTL + 4s + 3 election timeouts + 0.6s
-//	                          | (see WithElectionTimeout)
+//	                          | (see WithElectionTimeout). Each further leader
+//	                          | change restarts the lease again, and a revoke that
+//	                          | fails while the leader stays (it could not confirm
+//	                          | its leadership in time) is retried 3s later: a
+//	                          | cluster that keeps changing leaders keeps its locks,
+//	                          | and their waiters wait, while that lasts (a holder's
+//	                          | own deadline still ends on its clock)
 //	member failure            | a follower's failure changes nothing; the leader's
 //	                          | failure stalls requests for an election, and extends
 //	                          | leases as above; a lost quorum stalls everything, and
@@ -752,7 +759,9 @@ func capabilities(o options) backend.Capabilities {
 		// before the lease would have expired, an election or two after
 		// the old leader failed: 2 x the lease's TTL (at most 2 x TTL +
 		// 4s), 3 election timeouts, and the leader's half-second scan
-		// for expired leases with the revoke's commit.
+		// for expired leases with the revoke's commit. Further leader
+		// changes restart the lease again; the bound cannot cover them
+		// (see the package doc).
 		ExpiryFactor: 2,
 		ExpirySlack:  4*time.Second + 3*o.electionTimeout + 600*time.Millisecond,
 		DurableFence: true,

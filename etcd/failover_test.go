@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/distlock/lock"
+	"github.com/distlock/lock/backend"
 	"github.com/distlock/lock/conformance/serverproc"
 	"github.com/distlock/lock/etcd"
 	"github.com/distlock/lock/internal/etcdtest"
@@ -153,22 +154,8 @@ func TestLeaderFailure(t *testing.T) {
 				t.Fatalf("the abandoned lock was never dropped")
 			}
 			freed := at.Sub(sent)
-			// The declared bound covers one leader change while the
-			// lease lives. Each further one (a loaded machine can make
-			// a member miss its 100ms election timeout) restarts the
-			// lease again: the store may keep it a lease TTL (1s here)
-			// and an election timeout after the last, plus its
-			// half-second scan and the revoke's commit.
 			caps := abandoned.Capabilities()
-			bound, changes := caps.LatestExpiry(ttl), 0
-			for _, c := range etcdtest.LeaderChanges(members) {
-				if c.After(sent) && c.Before(at) {
-					changes++
-					if changes > 1 {
-						bound = max(bound, c.Sub(sent)+time.Second+electionTimeout+600*time.Millisecond)
-					}
-				}
-			}
+			bound, changes := dropBound(caps, ttl, sent, at, members)
 			if freed < ttl {
 				t.Errorf("a lock of TTL %v was dropped %v after its acquire, before its TTL", ttl, freed.Round(time.Millisecond))
 			}
@@ -230,6 +217,108 @@ func TestLeaderFailure(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Each leader change restarts every lease. A lock abandoned before two
+// leader changes in a row, the second while the lease restarted by the
+// first still ran, is kept for its lease's TTL after the second, and
+// dropped within the bound that TestLeaderFailure allows.
+func TestLeaderChangesRestartLeases(t *testing.T) {
+	members := startCluster(t)
+	var endpoints []string
+	for _, m := range members {
+		endpoints = append(endpoints, m.Addr)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := etcd.New(newClient(t, endpoints...), etcd.WithElectionTimeout(electionTimeout))
+	if err != nil {
+		t.Fatalf("etcd.New: %v", err)
+	}
+	locks, err := lock.New(b)
+	if err != nil {
+		t.Fatalf("lock.New: %v", err)
+	}
+	defer locks.Close()
+	status := newClient(t, endpoints[0])
+	first := leaderOf(ctx, t, status, members)
+	ttl := time.Second
+	sent := time.Now()
+	if _, err := locks.TryAcquire(ctx, "abandoned", lock.WithTTL(ttl), lock.WithAutoRenew(false)); err != nil {
+		t.Fatalf("TryAcquire: %v", err)
+	}
+	first.Stop()
+	second := leaderOf(ctx, t, status, without(members, first))
+	first.Continue()
+	for !etcdtest.Healthy(first.Addr) { // back, to make a quorum without the second
+		if ctx.Err() != nil {
+			t.Fatalf("%s never came back", first)
+		}
+		time.Sleep(10 * time.Millisecond) // poll until it follows the second
+	}
+	second.Stop()
+	rest := without(members, second)
+	var addrs []string
+	for _, m := range rest {
+		addrs = append(addrs, m.Addr)
+	}
+	leaderOf(ctx, t, status, rest)
+	at := whenDropped(ctx, newClient(t, addrs...), etcd.DefaultPrefix+"k/abandoned\xff")
+	second.Continue()
+	if at.IsZero() {
+		t.Fatal("the abandoned lock was never dropped")
+	}
+	var last time.Time
+	changes := 0
+	for _, c := range etcdtest.LeaderChanges(members) {
+		if c.After(sent) && c.Before(at) {
+			changes, last = changes+1, c
+		}
+	}
+	if changes < 2 {
+		t.Fatalf("%d leader changes between the acquire and the drop, by the members' logs; want 2 or more", changes)
+	}
+	if at.Sub(last) < ttl {
+		t.Errorf("the lock was dropped %v after the last leader change; a new leader restarts its lease of %v", at.Sub(last).Round(time.Millisecond), ttl)
+	}
+	bound, _ := dropBound(locks.Capabilities(), ttl, sent, at, members)
+	if freed := at.Sub(sent); freed > bound+300*time.Millisecond {
+		t.Errorf("a lock of TTL %v was dropped %v after its acquire, after %d leader changes; the latest expiry for them is %v", ttl, freed.Round(time.Millisecond), changes, bound.Round(time.Millisecond))
+	} else {
+		t.Logf("a lock of TTL %v was dropped %v after its acquire, %v after the last of %d leader changes (latest expiry for them %v; declared for one, %v)", ttl, freed.Round(time.Millisecond), at.Sub(last).Round(time.Millisecond), changes, bound.Round(time.Millisecond), locks.Capabilities().LatestExpiry(ttl))
+	}
+}
+
+// without returns members but m.
+func without(members []*serverproc.Process, m *serverproc.Process) []*serverproc.Process {
+	var rest []*serverproc.Process
+	for _, o := range members {
+		if o != m {
+			rest = append(rest, o)
+		}
+	}
+	return rest
+}
+
+// dropBound returns how long after sent the store may keep a lock of TTL
+// ttl (1s, on a lease of 1s) that was abandoned at sent and dropped at at,
+// and how many leader changes came between. The declared bound covers one
+// leader change while the lease lives; each further one (a loaded machine
+// can make a member miss its 100ms election timeout) restarts the lease
+// again: the store may then keep it for the lease's TTL and an election
+// timeout after the last change, plus the leader's half-second scan for
+// expired leases and the revoke's commit.
+func dropBound(caps backend.Capabilities, ttl time.Duration, sent, at time.Time, members []*serverproc.Process) (time.Duration, int) {
+	bound, changes := caps.LatestExpiry(ttl), 0
+	for _, c := range etcdtest.LeaderChanges(members) {
+		if c.After(sent) && c.Before(at) {
+			changes++
+			if changes > 1 {
+				bound = max(bound, c.Sub(sent)+ttl+electionTimeout+600*time.Millisecond)
+			}
+		}
+	}
+	return bound, changes
 }
 
 // whenDropped polls key through cli until the store no longer has it, and
