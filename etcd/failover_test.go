@@ -59,10 +59,7 @@ func TestLeaderFailure(t *testing.T) {
 	for _, fault := range []string{"SIGSTOP", "SIGKILL"} {
 		t.Run(fault, func(t *testing.T) {
 			members := startCluster(t)
-			var endpoints []string
-			for _, m := range members {
-				endpoints = append(endpoints, m.Addr)
-			}
+			endpoints := addrsOf(members)
 			ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 			defer cancel()
 			newLocks := func() *lock.Client {
@@ -131,13 +128,7 @@ func TestLeaderFailure(t *testing.T) {
 				t.Fatalf("TryAcquire: %v", err)
 			}
 			leader := leaderOf(ctx, t, newClient(t, endpoints[0]), members)
-			var others []string
-			for _, m := range members {
-				if m != leader {
-					others = append(others, m.Addr)
-				}
-			}
-			dropped, watcher := make(chan time.Time, 1), newClient(t, others...)
+			dropped, watcher := make(chan time.Time, 1), newClient(t, addrsOf(without(members, leader))...)
 			go func() { dropped <- whenDropped(ctx, watcher, etcd.DefaultPrefix+"k/abandoned\xff") }()
 			switch fault {
 			case "SIGSTOP":
@@ -225,10 +216,7 @@ func TestLeaderFailure(t *testing.T) {
 // dropped within the bound that TestLeaderFailure allows.
 func TestLeaderChangesRestartLeases(t *testing.T) {
 	members := startCluster(t)
-	var endpoints []string
-	for _, m := range members {
-		endpoints = append(endpoints, m.Addr)
-	}
+	endpoints := addrsOf(members)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	b, err := etcd.New(newClient(t, endpoints...), etcd.WithElectionTimeout(electionTimeout))
@@ -258,12 +246,8 @@ func TestLeaderChangesRestartLeases(t *testing.T) {
 	}
 	second.Stop()
 	rest := without(members, second)
-	var addrs []string
-	for _, m := range rest {
-		addrs = append(addrs, m.Addr)
-	}
 	leaderOf(ctx, t, status, rest)
-	at := whenDropped(ctx, newClient(t, addrs...), etcd.DefaultPrefix+"k/abandoned\xff")
+	at := whenDropped(ctx, newClient(t, addrsOf(rest)...), etcd.DefaultPrefix+"k/abandoned\xff")
 	second.Continue()
 	if at.IsZero() {
 		t.Fatal("the abandoned lock was never dropped")
@@ -287,6 +271,15 @@ func TestLeaderChangesRestartLeases(t *testing.T) {
 	} else {
 		t.Logf("a lock of TTL %v was dropped %v after its acquire, %v after the last of %d leader changes (latest expiry for them %v; declared for one, %v)", ttl, freed.Round(time.Millisecond), at.Sub(last).Round(time.Millisecond), changes, bound.Round(time.Millisecond), locks.Capabilities().LatestExpiry(ttl))
 	}
+}
+
+// addrsOf returns the client addresses of members.
+func addrsOf(members []*serverproc.Process) []string {
+	var addrs []string
+	for _, m := range members {
+		addrs = append(addrs, m.Addr)
+	}
+	return addrs
 }
 
 // without returns members but m.
