@@ -212,7 +212,7 @@ func TestLeaderFailure(t *testing.T) {
 
 // Each leader change restarts every lease. A lock abandoned before two
 // leader changes in a row, the second while the lease restarted by the
-// first still ran, is kept for its lease's TTL after the second, and
+// first still ran, is kept for its lease's full TTL after the second, and
 // dropped within the bound that TestLeaderFailure allows.
 func TestLeaderChangesRestartLeases(t *testing.T) {
 	members := startCluster(t)
@@ -230,13 +230,16 @@ func TestLeaderChangesRestartLeases(t *testing.T) {
 	defer locks.Close()
 	status := newClient(t, endpoints[0])
 	first := leaderOf(ctx, t, status, members)
-	ttl := time.Second
+	// A lease of 3s: the second leader change must come while the lease
+	// that the first restarted still lives, on a busy machine too.
+	ttl := 2 * time.Second
 	sent := time.Now()
 	if _, err := locks.TryAcquire(ctx, "abandoned", lock.WithTTL(ttl), lock.WithAutoRenew(false)); err != nil {
 		t.Fatalf("TryAcquire: %v", err)
 	}
 	first.Stop()
 	second := leaderOf(ctx, t, status, without(members, first))
+	tookOver := time.Now() // about when the second restarted the lease
 	first.Continue()
 	for !etcdtest.Healthy(first.Addr) { // back, to make a quorum without the second
 		if ctx.Err() != nil {
@@ -244,6 +247,10 @@ func TestLeaderChangesRestartLeases(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond) // poll until it follows the second
 	}
+	// Half the restarted lease runs out before the second change, so
+	// that a lease the third leader did not restart would be dropped
+	// well before its full TTL after that change.
+	time.Sleep(time.Until(tookOver.Add(etcd.LeaseTTL(ttl) / 2)))
 	second.Stop()
 	rest := without(members, second)
 	leaderOf(ctx, t, status, rest)
@@ -262,8 +269,8 @@ func TestLeaderChangesRestartLeases(t *testing.T) {
 	if changes < 2 {
 		t.Fatalf("%d leader changes between the acquire and the drop, by the members' logs; want 2 or more", changes)
 	}
-	if at.Sub(last) < ttl {
-		t.Errorf("the lock was dropped %v after the last leader change; a new leader restarts its lease of %v", at.Sub(last).Round(time.Millisecond), ttl)
+	if lease := etcd.LeaseTTL(ttl); at.Sub(last) < lease {
+		t.Errorf("the lock was dropped %v after the last leader change; a new leader restarts its lease of %v", at.Sub(last).Round(time.Millisecond), lease)
 	}
 	bound, _ := dropBound(locks.Capabilities(), ttl, sent, at, members)
 	if freed := at.Sub(sent); freed > bound+300*time.Millisecond {
@@ -294,20 +301,20 @@ func without(members []*serverproc.Process, m *serverproc.Process) []*serverproc
 }
 
 // dropBound returns how long after sent the store may keep a lock of TTL
-// ttl (1s, on a lease of 1s) that was abandoned at sent and dropped at at,
-// and how many leader changes came between. The declared bound covers one
-// leader change while the lease lives; each further one (a loaded machine
-// can make a member miss its 100ms election timeout) restarts the lease
-// again: the store may then keep it for the lease's TTL and an election
-// timeout after the last change, plus the leader's half-second scan for
-// expired leases and the revoke's commit.
+// ttl that was abandoned at sent and dropped at at, and how many leader
+// changes came between. The declared bound covers one leader change while
+// the lease lives; each further one (a loaded machine can make a member
+// miss its 100ms election timeout) restarts the lease again: the store may
+// then keep it for the lease's TTL and an election timeout after the last
+// change, plus the leader's half-second scan for expired leases and the
+// revoke's commit.
 func dropBound(caps backend.Capabilities, ttl time.Duration, sent, at time.Time, members []*serverproc.Process) (time.Duration, int) {
 	bound, changes := caps.LatestExpiry(ttl), 0
 	for _, c := range etcdtest.LeaderChanges(members) {
 		if c.After(sent) && c.Before(at) {
 			changes++
 			if changes > 1 {
-				bound = max(bound, c.Sub(sent)+ttl+electionTimeout+600*time.Millisecond)
+				bound = max(bound, c.Sub(sent)+etcd.LeaseTTL(ttl)+electionTimeout+600*time.Millisecond)
 			}
 		}
 	}
