@@ -61,6 +61,5 @@ func QueueHeadToken(b *Backend, key string) string {
 
 // LeaseTTL is the TTL of the lease that carries a lock of ttl.
 func LeaseTTL(ttl time.Duration) time.Duration {
-	secs := int64((ttl + time.Second - 1) / time.Second)
-	return time.Duration(leaseSecs(secs)) * time.Second
+	return time.Duration(leaseSecs(seconds(ttl))) * time.Second
 }

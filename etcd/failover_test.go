@@ -146,7 +146,7 @@ func TestLeaderFailure(t *testing.T) {
 			}
 			freed := at.Sub(sent)
 			caps := abandoned.Capabilities()
-			bound, changes := dropBound(caps, ttl, sent, at, members)
+			bound, changes, _ := dropBound(caps, ttl, sent, at, members)
 			if freed < ttl {
 				t.Errorf("a lock of TTL %v was dropped %v after its acquire, before its TTL", ttl, freed.Round(time.Millisecond))
 			}
@@ -259,20 +259,13 @@ func TestLeaderChangesRestartLeases(t *testing.T) {
 	if at.IsZero() {
 		t.Fatal("the abandoned lock was never dropped")
 	}
-	var last time.Time
-	changes := 0
-	for _, c := range etcdtest.LeaderChanges(members) {
-		if c.After(sent) && c.Before(at) {
-			changes, last = changes+1, c
-		}
-	}
+	bound, changes, last := dropBound(locks.Capabilities(), ttl, sent, at, members)
 	if changes < 2 {
 		t.Fatalf("%d leader changes between the acquire and the drop, by the members' logs; want 2 or more", changes)
 	}
 	if lease := etcd.LeaseTTL(ttl); at.Sub(last) < lease {
 		t.Errorf("the lock was dropped %v after the last leader change; a new leader restarts its lease of %v", at.Sub(last).Round(time.Millisecond), lease)
 	}
-	bound, _ := dropBound(locks.Capabilities(), ttl, sent, at, members)
 	if freed := at.Sub(sent); freed > bound+300*time.Millisecond {
 		t.Errorf("a lock of TTL %v was dropped %v after its acquire, after %d leader changes; the latest expiry for them is %v", ttl, freed.Round(time.Millisecond), changes, bound.Round(time.Millisecond))
 	} else {
@@ -302,23 +295,23 @@ func without(members []*serverproc.Process, m *serverproc.Process) []*serverproc
 
 // dropBound returns how long after sent the store may keep a lock of TTL
 // ttl that was abandoned at sent and dropped at at, and how many leader
-// changes came between. The declared bound covers one leader change while
+// changes came between, and when the last of them was. The declared bound covers one leader change while
 // the lease lives; each further one (a loaded machine can make a member
 // miss its 100ms election timeout) restarts the lease again: the store may
 // then keep it for the lease's TTL and an election timeout after the last
 // change, plus the leader's half-second scan for expired leases and the
 // revoke's commit.
-func dropBound(caps backend.Capabilities, ttl time.Duration, sent, at time.Time, members []*serverproc.Process) (time.Duration, int) {
-	bound, changes := caps.LatestExpiry(ttl), 0
+func dropBound(caps backend.Capabilities, ttl time.Duration, sent, at time.Time, members []*serverproc.Process) (bound time.Duration, changes int, last time.Time) {
+	bound = caps.LatestExpiry(ttl)
 	for _, c := range etcdtest.LeaderChanges(members) {
 		if c.After(sent) && c.Before(at) {
-			changes++
+			changes, last = changes+1, c
 			if changes > 1 {
 				bound = max(bound, c.Sub(sent)+etcd.LeaseTTL(ttl)+electionTimeout+600*time.Millisecond)
 			}
 		}
 	}
-	return bound, changes
+	return bound, changes, last
 }
 
 // whenDropped polls key through cli until the store no longer has it, and
