@@ -81,10 +81,12 @@
 // locks would save more, but renewing one lock would then extend the
 // others, and a lock whose owner stopped renewing could outlive its TTL by
 // any amount. A lease joins the pool only when the store confirmed it
-// carries nothing: not after an acquire whose outcome is unknown (its
-// transaction may still arrive and attach a key; the release that undoes
-// it revokes the lease instead), nor with a refresh in flight or of unknown
-// outcome (a late one would extend the next lock). Idle leases beyond 64
+// carries nothing: never after an acquire whose outcome is unknown (its
+// transaction may still arrive and attach a key, and the revoke that undoes
+// it may arrive after the release that deleted the key, where it would
+// delete the lease's next lock; the release revokes the lease instead,
+// whatever it found), nor with a refresh in flight or of unknown outcome (a
+// late one would extend the next lock). See leases.go for the argument. Idle leases beyond 64
 // per TTL are left to expire, as are those of a closed backend.
 //
 // # Guarantees

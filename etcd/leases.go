@@ -16,10 +16,29 @@ import (
 // never extends another. An idle lease holds nothing: it joins the pool
 // only when the store confirmed that the transaction which would attach a
 // key to it did not (the key was held, or the token dead), or that the key
-// it carried was deleted by this backend's release. A lease whose
-// transaction's outcome is unknown never joins the pool: a transaction
-// still on its way could attach a key to it later. Nor does one with a
-// renewal in flight, which could otherwise extend its next lock.
+// it carried was deleted by this backend's release.
+//
+// Which requests can still act on a lease when it is reused. A lease
+// joins the pool only when every request this backend ever sent on it
+// has a known outcome and none is in flight, so that nothing but the
+// next lock's own requests can touch it:
+//   - A transaction of unknown outcome (a lost reply, a context that ended
+//     while it was on its way) may attach a key to the lease later; and
+//     the undo of such an attempt revokes the lease (a waiter's place
+//     revokes it in Close, in the background, and the cleanup release
+//     revokes it when it finds the key free). A revoke may arrive after
+//     the release that deleted the key: were the lease reused, it would
+//     delete the next lock on it while its holder's deadline is far away.
+//     So a lease that carried any request of unknown outcome is never
+//     reused, whatever the release then finds (heldLease.unknown); it is
+//     revoked, or expires.
+//   - A keep-alive of unknown outcome may still arrive and extend the
+//     next lock past the expiry this backend declares (heldLease.tainted).
+//   - A renewal in flight could extend the next lock (heldLease.renewing).
+//
+// A revoke is sent only for a lease that is not in the pool and never
+// will be: so a revoke in flight never targets a lease that can carry
+// another lock.
 type leases struct {
 	mu   sync.Mutex
 	pool map[int64][]idleLease // by TTL in seconds, freshest last
@@ -154,8 +173,9 @@ func (l *leases) renewed(h *heldLease, sent time.Time, ok, unknown bool) {
 }
 
 // release forgets the lease of token's lock on lockKey and returns it, with
-// whether it may be reused: the caller reuses it (idle) when it also knows
-// that the lease holds nothing now, and revokes it otherwise.
+// whether it may be reused (no request of unknown outcome ever used it, and
+// none is in flight: see leases): the caller reuses it (idle) when it also
+// knows that the lease holds nothing now, and revokes it otherwise.
 func (l *leases) release(lockKey, token string) (h *heldLease, reusable bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -165,5 +185,5 @@ func (l *leases) release(lockKey, token string) (h *heldLease, reusable bool) {
 		return nil, false
 	}
 	delete(l.held, k)
-	return h, h.renewing == 0 && !h.tainted
+	return h, h.renewing == 0 && !h.tainted && !h.unknown
 }

@@ -151,6 +151,9 @@ type place struct {
 	tokens    map[string]bool
 	handed    *backend.Handover
 	took      bool // the lease carries this waiter's lock
+	// tainted: a keep-alive of the lease had an unknown outcome; a late
+	// one would extend the lease's next lock, so it is never reused.
+	tainted   bool
 	closed    bool
 	headWoken bool
 	kaTimer   *time.Timer
@@ -517,7 +520,7 @@ func (p *place) Close(took bool) error {
 		// caller did not take must not revoke the lease the place goes
 		// on with.)
 		p.took = true
-		qs.b.leases.attach(p.lockKey, p.handed.Token, p.lease, p.secs, p.handed.Since, false, false)
+		qs.b.leases.attach(p.lockKey, p.handed.Token, p.lease, p.secs, p.handed.Since, false, p.tainted)
 	}
 	kept := p.took
 	id := p.lease
@@ -719,6 +722,9 @@ func (p *place) try(ctx context.Context, token string, secs int64) (backend.Gran
 		case kerr != nil && err == nil && !took:
 			// Queued; the lease's refresh is unknown, so its
 			// confirmed refresh stays the earlier one.
+			p.qs.mu.Lock()
+			p.tainted = true
+			p.qs.mu.Unlock()
 		case kerr != nil:
 			b.leases.attach(lk, token, id, secs, sent, true, true)
 			return backend.Grant{}, storeErr(ctx, "acquire: keep-alive", errors.Join(kerr, err))
@@ -753,15 +759,17 @@ func (p *place) try(ctx context.Context, token string, secs int64) (backend.Gran
 	if err != nil {
 		// The key may be attached to the lease now or later: the
 		// release that package lock sends to undo this attempt finds
-		// the lease here and revokes it, as Close does.
+		// the lease here, marked unknown, and revokes it whatever it
+		// finds, as Close does; it never reuses it (see leases).
 		b.leases.attach(lk, token, id, secs, refreshed, true, false)
 		return backend.Grant{}, storeErr(ctx, "acquire", err)
 	}
 	if took {
 		p.qs.mu.Lock()
 		p.took, p.create, p.recRev = true, 0, resp.Header.Revision
+		tainted := p.tainted
 		p.qs.mu.Unlock()
-		b.leases.attach(lk, token, id, secs, refreshed, false, false)
+		b.leases.attach(lk, token, id, secs, refreshed, false, tainted)
 		return backend.Grant{Fence: uint64(resp.Header.Revision), TTL: granted}, nil
 	}
 	if enq.Responses[0].GetResponseRange().Count > 0 {
@@ -840,6 +848,12 @@ func (p *place) scheduleKeepAliveLocked() {
 		case errors.Is(err, rpctypes.ErrLeaseNotFound):
 			p.leaseGone(id)
 			p.wake() // the record went with it: queue again
+		default:
+			p.qs.mu.Lock()
+			if p.lease == id {
+				p.tainted = true
+			}
+			p.qs.mu.Unlock()
 		}
 		p.qs.mu.Lock()
 		p.kaTimer = nil
