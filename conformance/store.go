@@ -3,8 +3,10 @@ package conformance
 import (
 	"context"
 	crand "crypto/rand"
+	"crypto/sha1"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -264,44 +266,137 @@ func (s *suite) fenceAfterIdle(t *testing.T) {
 	}
 }
 
-// keyShapes: the store takes every key package lock accepts: the longest
-// (lock.MaxKeyLen bytes), multi-byte UTF-8, and one with a NUL byte, each
-// distinct from a key it is a prefix of.
+// keyShapes: the store takes every key package lock accepts and keeps
+// distinct keys apart, also those that a store's escaping, path cleaning,
+// hashing, case folding or Unicode normalisation could merge: the longest
+// key (lock.MaxKeyLen bytes), multi-byte UTF-8 and a NUL byte (each beside
+// a key that differs only in its last character), "." and "..", "a/../b"
+// and "b", "%2F" and "/", "a{b}" and its SHA-1 in hex, keys that differ only
+// in case, and keys that differ only in Unicode normalisation.
+//
+// Each key, held by one client, is refused to another (ErrLocked), renews,
+// and Inspect says it is held by its lease. Then every two of the keys are
+// held at once by two clients: in round b, the first client holds the keys
+// whose index has bit b clear and the second must take those with bit b
+// set. Two distinct indexes differ in some bit, so two keys that share one
+// lock in the store fail some round, whichever two they are.
 func (s *suite) keyShapes(t *testing.T) {
 	ctx := s.ctx(t)
-	c := s.client(t, lock.WithTTL(s.long))
-	prefix := s.key(t)
-	long := prefix + strings.Repeat("k", lock.MaxKeyLen-len(prefix))
+	first, second := s.client(t, lock.WithTTL(s.long)), s.client(t, lock.WithTTL(s.long))
 	b := s.backend(t)
 	defer b.Close()
 	in, inspects := unguarded(b).(backend.Inspector)
-	for _, key := range []string{long, prefix + "/ключ/鍵/🔒", prefix + "/a\x00b"} {
-		l, err := c.TryAcquire(ctx, key)
-		if err != nil {
-			t.Fatalf("TryAcquire of a %d-byte key %q: %v", len(key), key, err)
+
+	p := s.key(t)
+	braced := p + "/a{b}"
+	sum := sha1.Sum([]byte(braced))
+	keys := []string{
+		p + strings.Repeat("k", lock.MaxKeyLen-len(p)),
+		p + "/ключ/鍵/🔒",
+		p + "/a\x00b",
+		// Path-like and escape-like. "." and ".." are whole keys: under a
+		// prefix they would not be path segments of their own.
+		".", "..", "%2E", "%2E%2E",
+		p + "/a/../b", p + "/b", p + "/./c", p + "/c", p + "//d", p + "/d",
+		p + "/%2F", p + "//", p + "/e%2Ff", p + "/e/f",
+		// A key with braces, and the key equal to its SHA-1 in hex (the
+		// Redis backend once stored the first under the second).
+		braced, hex.EncodeToString(sum[:]),
+		// Case and Unicode normalisation: é precomposed and decomposed,
+		// the Angstrom sign and the letter Å it normalises to.
+		p + "/Case", p + "/case",
+		p + "/\u00e9", p + "/e\u0301",
+		p + "/\u212b", p + "/\u00c5",
+	}
+	for _, k := range keys[:3] {
+		_, size := utf8.DecodeLastRuneInString(k)
+		keys = append(keys, k[:len(k)-size]+"_")
+	}
+	seen := map[string]bool{}
+	for _, k := range keys {
+		if err := lock.CheckKey(k); err != nil || seen[k] {
+			t.Fatalf("conformance: key %q of the case is invalid (%v) or twice in the list", k, err)
 		}
-		// A key that differs only in its last character is another lock.
-		_, size := utf8.DecodeLastRuneInString(key)
-		near := key[:len(key)-size] + "_"
-		other, err := c.TryAcquire(ctx, near)
-		if err != nil {
-			t.Fatalf("TryAcquire of %q while %q is held: %v; want another lock", near, key, err)
+		seen[k] = true
+	}
+
+	releaseAll := func(ls []*lock.Lease) {
+		t.Helper()
+		for _, l := range ls {
+			if err := l.Release(ctx); err != nil {
+				t.Errorf("Release of %q: %v", l.Key(), err)
+			}
 		}
-		if _, err := c.TryAcquire(ctx, key); !errors.Is(err, lock.ErrLocked) {
-			t.Errorf("TryAcquire of the held key %q: %v; want ErrLocked", key, err)
+	}
+	// take acquires k, which nobody holds, with c; a refusal means that
+	// the store took k for the lock of one of the keys held (said once
+	// per key).
+	merged := map[string]bool{}
+	take := func(c *lock.Client, k string, held []*lock.Lease) *lock.Lease {
+		t.Helper()
+		l, err := c.TryAcquire(ctx, k)
+		switch {
+		case err == nil:
+			return l
+		case !errors.Is(err, lock.ErrLocked):
+			t.Errorf("TryAcquire of a %d-byte key %q: %v", len(k), k, err)
+			return nil
+		case merged[k]:
+			return nil
+		}
+		merged[k] = true
+		same := "one of the keys held at the time"
+		if inspects {
+			if h, err := in.Inspect(ctx, k); err == nil && h.Held {
+				for _, o := range held {
+					if o.Token() == h.Token {
+						same = fmt.Sprintf("%q", o.Key())
+					}
+				}
+			}
+		}
+		t.Errorf("TryAcquire of %q, which nobody holds: %v; the store took it for the lock of %s", k, err, same)
+		return nil
+	}
+
+	// Each key alone.
+	var held []*lock.Lease
+	for _, k := range keys {
+		if l := take(first, k, held); l != nil {
+			held = append(held, l)
+		}
+	}
+	for _, l := range held {
+		k := l.Key()
+		if _, err := second.TryAcquire(ctx, k); !errors.Is(err, lock.ErrLocked) {
+			t.Errorf("TryAcquire of the held key %q by another client: %v; want ErrLocked", k, err)
 		}
 		if err := l.Renew(ctx); err != nil {
-			t.Errorf("Renew of %q: %v", key, err)
+			t.Errorf("Renew of %q: %v", k, err)
 		}
 		if inspects {
-			if h, err := in.Inspect(ctx, key); err != nil || !h.Held || (h.Token != "" && h.Token != l.Token()) {
-				t.Errorf("Inspect of %q: %+v, %v; want held by %s", key, h, err, l.Token())
+			if h, err := in.Inspect(ctx, k); err != nil || !h.Held || (h.Token != "" && h.Token != l.Token()) {
+				t.Errorf("Inspect of %q: %+v, %v; want held by %s", k, h, err, l.Token())
 			}
 		}
-		for _, x := range []*lock.Lease{l, other} {
-			if err := x.Release(ctx); err != nil {
-				t.Errorf("Release of %q: %v", x.Key(), err)
+	}
+	releaseAll(held)
+
+	// Every two keys at once, by two clients.
+	for bit := 0; 1<<bit < len(keys); bit++ {
+		var held []*lock.Lease
+		for _, side := range []struct {
+			c   *lock.Client
+			bit int
+		}{{first, 0}, {second, 1}} {
+			for i, k := range keys {
+				if i>>bit&1 == side.bit {
+					if l := take(side.c, k, held); l != nil {
+						held = append(held, l)
+					}
+				}
 			}
 		}
+		releaseAll(held)
 	}
 }
