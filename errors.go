@@ -41,6 +41,11 @@ var (
 	// ErrUnknownScheme: Open was given a URL whose scheme no backend
 	// registered.
 	ErrUnknownScheme = errors.New("lock: unknown URL scheme")
+	// ErrBackendContract: the backend reported a grant or a handover that
+	// its contract rules out (a fence of 0, or a TTL shorter than asked
+	// for): a bug in the backend. Package lock never makes a lease of it;
+	// it releases the token, as after an acquire of unknown outcome.
+	ErrBackendContract = errors.New("lock: the backend broke its contract")
 )
 
 // inputError is bad input: errors.Is matches both its kind and ErrInvalid.

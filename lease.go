@@ -354,6 +354,17 @@ func (l *Lease) transferToNext(ctx context.Context) (bool, error) {
 	}
 	sent := w.cfg.clock.Now()
 	t, err := c.transfer.Transfer(ctx, l.key, l.token, w.token, w.cfg.ttl, backend.TransferOptions{Reserve: true})
+	if err == nil {
+		if berr := c.brokenGrant("a transfer", t.Fence, t.TTL, w.cfg.ttl); berr != nil {
+			// Not a lease: free what the store may hold for w's token
+			// (w asks the store with fresh tokens), and report it with
+			// l's release, which the store may now refuse.
+			c.cleanup(ctx, l.key, w.token, w.cfg.ttl, false)
+			err := l.c.b.Release(ctx, l.key, l.token)
+			l.passTurn()
+			return true, wrap("release", l.key, errors.Join(berr, err))
+		}
+	}
 	switch {
 	case err == nil:
 		next := c.newLease(l.key, w.token, w.cfg, sent, backend.Grant{Fence: t.Fence, TTL: t.TTL})
@@ -416,6 +427,13 @@ func (l *Lease) settleHandover(ctx context.Context, from string, sent time.Time,
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.checkDeadlineLocked()
+	if err == nil {
+		if berr := l.c.brokenGrant("a transfer", t.Fence, t.TTL, l.ttl); berr == nil && t.Fence != l.fence {
+			err = fmt.Errorf("%w: %T reported a transfer with fence %d, not the fence %d reserved for it", ErrBackendContract, l.c.b, t.Fence, l.fence)
+		} else if berr != nil {
+			err = berr // handled as a transfer of unknown outcome
+		}
+	}
 	switch {
 	case err == nil && l.state == stateHeld:
 		l.next = t.Next

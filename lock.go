@@ -384,7 +384,11 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 	splits := 0
 	for {
 		if queue != nil {
-			if l := c.handed(queue, key, cfg, refused); l != nil {
+			l, err := c.handed(ctx, queue, key, cfg, refused)
+			if err != nil {
+				return nil, wrap(op, key, err)
+			}
+			if l != nil {
 				took = true
 				return l, nil
 			}
@@ -409,6 +413,12 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 			sent = cfg.clock.Now()
 		}
 		if err == nil {
+			if berr := c.brokenGrant("a grant", g.Fence, g.TTL, cfg.ttl); berr != nil {
+				// Not a lease: free whatever the store holds for the
+				// token, as after an acquire of unknown outcome.
+				turnPassed = c.cleanup(ctx, key, token, cfg.ttl, queued)
+				return nil, wrap(op, key, berr)
+			}
 			took = true
 			l := c.newLease(key, token, cfg, sent, g)
 			c.watchLoss(l)
@@ -493,11 +503,18 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 // out earlier. Only a token whose attempt the store refused (and so
 // queued) is taken; a lock handed with no validity left is not, and the
 // call's next attempt takes it over as a new grant (see Queue.Acquire) or,
-// should the store have lost it meanwhile, queues.
-func (c *Client) handed(q backend.Queue, key string, cfg *config, refused map[string]bool) *Lease {
+// should the store have lost it meanwhile, queues. A handover that breaks
+// the backend contract (brokenGrant) is not taken: its token is released
+// and the error returned.
+func (c *Client) handed(ctx context.Context, q backend.Queue, key string, cfg *config, refused map[string]bool) (*Lease, error) {
 	h, ok := q.Handed()
 	if !ok || !refused[h.Token] {
-		return nil
+		return nil, nil
+	}
+	if err := c.brokenGrant("a handover", h.Fence, h.TTL, cfg.ttl); err != nil {
+		delete(refused, h.Token)
+		c.cleanup(ctx, key, h.Token, cfg.ttl, false) // the caller keeps the turn, and passes it
+		return nil, err
 	}
 	now := cfg.clock.Now()
 	sent := now.Add(-time.Since(h.Since))
@@ -508,10 +525,10 @@ func (c *Client) handed(q backend.Queue, key string, cfg *config, refused map[st
 		l.endLocked(stateLost, fmt.Errorf("%w: handed over with no validity left", ErrLost))
 		l.mu.Unlock()
 		delete(refused, h.Token)
-		return nil
+		return nil, nil
 	}
 	c.watchLoss(l)
-	return l
+	return l, nil
 }
 
 // watchLoss ends l as soon as the store says that its lock is gone, on a
