@@ -23,8 +23,11 @@ import (
 //     arrives last, the session lives TTL past the later of them. Or its
 //     latest confirmed renewal was recent enough that its longer TTL
 //     covers the lock's TTL from the acquire (see reserveOf).
-//   - A session that expired while idle makes the lock transaction fail
-//     with "invalid session"; Acquire then creates a new one.
+//   - A session that expired while idle (or was destroyed from outside)
+//     makes the lock transaction fail with "invalid session", which
+//     changes nothing; Acquire then creates a new session, never tries a
+//     second pooled one after it, and never reports a grant it was not
+//     given.
 //
 // TestSessionReuseKeepsTheTTL and TestReleasingOneLockFreesNoOther check
 // this against a real agent.

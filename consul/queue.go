@@ -374,17 +374,25 @@ func (p *place) Acquire(ctx context.Context, token string, ttl time.Duration) (b
 	if err := p.b.check(ttl); err != nil {
 		return backend.Grant{}, err
 	}
+	// A try that found its session gone changed nothing. The next one
+	// creates a session of its own instead of taking another from the
+	// pool, which may have expired as well; should even that one be gone
+	// at once, the acquire fails. It never returns a zero grant.
 	for attempt := 0; ; attempt++ {
-		g, retry, err := p.try(ctx, token, ttl)
-		if !retry || attempt > 0 {
+		g, retry, err := p.try(ctx, token, ttl, attempt > 0)
+		switch {
+		case !retry:
 			return g, err
+		case attempt > 0:
+			return backend.Grant{}, fmt.Errorf("consul: acquire %q: the session created for the attempt was gone at once (destroyed from outside?); nothing was changed", p.key)
 		}
 	}
 }
 
 // try is one try of Acquire; retry is true when the place's session was
-// gone, and nothing changed.
-func (p *place) try(ctx context.Context, token string, ttl time.Duration) (g backend.Grant, retry bool, err error) {
+// gone, and nothing changed. With create, a place without a session
+// creates one instead of taking one from the pool.
+func (p *place) try(ctx context.Context, token string, ttl time.Duration, create bool) (g backend.Grant, retry bool, err error) {
 	b := p.b
 	p.mu.Lock()
 	if p.closed {
@@ -400,7 +408,12 @@ func (p *place) try(ctx context.Context, token string, ttl time.Duration) (g bac
 	sent := time.Now()
 	fresh := false // the session was created after sent
 	if sess == "" {
-		if e, ok := b.pool.get(ttl); ok {
+		var e pooled
+		ok := false
+		if !create {
+			e, ok = b.pool.get(ttl)
+		}
+		if ok {
 			sess, renewed = e.id, e.renewed
 		} else {
 			sess, err = b.createSession(ctx, p.key, ttl)
