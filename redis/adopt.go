@@ -178,7 +178,7 @@ func (r *Redlock) readCounters(ctx context.Context, n Client, highest map[string
 	if st, err := c.Get(ctx, r.nodeKey()).Result(); err != nil || st != "ready" {
 		return fmt.Errorf("node not ready (%q, %v)", st, err)
 	}
-	pattern := r.opts.prefix + "*:fence"
+	pattern := r.opts.prefix + "*" + fenceSuffix
 	if r.opts.slotFences {
 		pattern = r.opts.prefix + "*fence" // both kinds
 	}
@@ -197,8 +197,8 @@ func (r *Redlock) readCounters(ctx context.Context, n Client, highest map[string
 				key := found[k]
 				switch {
 				case strings.HasSuffix(key, slotFenceSuffix):
-				case strings.HasSuffix(key, ":fence"):
-					if sk := r.opts.slotFenceKey(strings.TrimSuffix(key, ":fence")); sk != "" {
+				case strings.HasSuffix(key, fenceSuffix):
+					if sk := r.opts.slotFenceKey(strings.TrimSuffix(key, fenceSuffix)); sk != "" {
 						key = sk
 					}
 				default:

@@ -81,12 +81,6 @@ import (
 // would hand the lock to different waiters, one per minority. Its waiters
 // wake on release messages, as before.
 
-// queueKeyOf returns the key of a lock's queue of waiters.
-func queueKeyOf(lockKey string) string { return lockKey + ":q" }
-
-// recordPrefixOf returns the prefix of a lock's waiter records.
-func recordPrefixOf(lockKey string) string { return lockKey + ":w:" }
-
 var (
 	// placeAcquireScript: KEYS = lock, fence, dead token, next, queue,
 	// record[, the slot's fence counter]; ARGV = token, ttl ms, place id,
@@ -191,7 +185,8 @@ return {-p, first}`)
 	// queueReleaseScript is the single deployment's release: KEYS = lock,
 	// dead token, fence, queue, the releasing place's record[, the slot's
 	// fence counter]; ARGV = token, tombstone ms, the key's channel,
-	// record prefix, the releasing place's id ('' for none). Returns as
+	// record prefix, the releasing place's id ('' for none), the prefix of
+	// the key's tombstones (deadKeyOf with no token). Returns as
 	// releaseScript. It removes the releasing place from the queue, then,
 	// when token holds the lock, hands it to the oldest place whose record
 	// lives and whose token is not dead (see above), publishing
@@ -217,7 +212,7 @@ if v == ARGV[1] or v == ARGV[1] .. '+' then
     if sp then p = redis.call('PTTL', r) end
     if p > 0 then
       local t = string.sub(rv, 1, sp - 1)
-      if redis.call('EXISTS', KEYS[1] .. ':dead:' .. t) == 0 then
+      if redis.call('EXISTS', ARGV[6] .. t) == 0 then
         local val = t
         if hs[2] then val = t .. '+' end
         redis.call('SET', KEYS[1], val, 'PX', p)
@@ -541,14 +536,14 @@ const cleanupTimeout = 3 * time.Second
 // for the place id with record rec when id is not "". It returns the
 // script's answer: 1 released (now or before), 0 not held.
 func (b *Backend) releaseWith(ctx context.Context, lk, token, rec, id string) (int64, error) {
-	ks := []string{lk, deadKeyOf(lk, token), lk + ":fence", queueKeyOf(lk), rec}
+	ks := []string{lk, deadKeyOf(lk, token), fenceKeyOf(lk), queueKeyOf(lk), rec}
 	if rec == "" {
-		ks[4] = lk + ":w:" // a key of the slot; unused without an id
+		ks[4] = recordPrefixOf(lk) // a key of the slot; unused without an id
 	}
 	if sk := b.opts.slotFenceKey(lk); sk != "" {
 		ks = append(ks, sk)
 	}
-	return b.batch.run(ctx, queueReleaseScript, ks, token, deadMs, channelOf(lk), recordPrefixOf(lk), id).Int64()
+	return b.batch.run(ctx, queueReleaseScript, ks, token, deadMs, channelOf(lk), recordPrefixOf(lk), id, deadKeyOf(lk, "")).Int64()
 }
 
 // channel returns the channel the place's messages come on: one per key

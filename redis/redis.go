@@ -102,6 +102,18 @@
 // A prefix with a '{' that no '}' closes cannot share counters; its keys
 // keep one each.
 //
+// KEY is the lock's key with each '}' written as the byte 0xff, which a
+// key of valid UTF-8 never holds: KEY is then the hash tag of every key and
+// channel of the lock (Redis Cluster keeps them in one slot), and two
+// distinct keys never share one. Earlier versions stored a key with a '{'
+// or a '}' under its SHA-1 in hex instead, which was also the plain key
+// equal to that hex string: two keys, one lock. On keys with braces, a
+// client of an earlier version and one of this version do not see each
+// other's locks, and fences start again from the new counter: upgrade
+// every client of a deployment at once (or stop the old holders first),
+// and have a resource fenced on such keys start its highest-fence record
+// again. Keys without braces keep their layout.
+//
 // # Contexts and failures
 //
 // Every call returns when its context ends, however the go-redis client was
@@ -162,7 +174,6 @@ package redis
 import (
 	"context"
 	crand "crypto/rand"
-	"crypto/sha1"
 	"encoding/hex"
 	"fmt"
 	"strings"
@@ -292,19 +303,33 @@ func New(rdb Client, opts ...Option) *Backend {
 	return &Backend{id: hex.EncodeToString(id[:]), rdb: rdb, batch: newBatcher(rdb, o.ownClients), opts: o, notify: newNotifier(o.ownClients, rdb)}
 }
 
-// keys returns the Redis keys of a lock: the lock key and its fence
-// counter. The user's key is the hash tag, so both (and the channel, see
-// channelOf) live in one Cluster slot. A key with a brace in it would change
-// the tag, so it is replaced by its SHA-1. Both keys share one allocation.
+// keys returns the Redis keys of a lock: the lock key "PREFIX{TAG}" and its
+// fence counter "PREFIX{TAG}:fence". Every other key and channel of the
+// lock is the lock key with a suffix, made by the functions below (the
+// scripts get them as KEYS or ARGV and derive none), so all of them share
+// the hash tag TAG: Redis Cluster keeps them in one slot, and no script
+// crosses slots.
+//
+// TAG is the user's key with each '}' written as the byte 0xff: a '}'
+// would end the hash tag early, and a '{' inside the tag changes nothing
+// (Redis takes the tag from the first '{' to the first '}' after it). The
+// mapping is injective: package lock passes only keys of valid UTF-8 (see
+// package backend), in which the byte 0xff never occurs, so TAG gives the
+// key back; and since TAG holds no '}', the first '}' after "PREFIX{" ends
+// it in every key of every lock: two distinct keys share no Redis key
+// and no channel (and the suffixes of one lock differ from each other).
+//
+// Both keys share one allocation.
 func keys(prefix, key string) (lockKey, fenceKey string) {
-	tag := key
-	if strings.ContainsAny(key, "{}") {
-		sum := sha1.Sum([]byte(key))
-		tag = hex.EncodeToString(sum[:])
-	}
-	fenceKey = prefix + "{" + tag + "}:fence"
-	return fenceKey[:len(fenceKey)-len(":fence")], fenceKey
+	fenceKey = prefix + "{" + strings.ReplaceAll(key, "}", "\xff") + "}" + fenceSuffix
+	return fenceKey[:len(fenceKey)-len(fenceSuffix)], fenceKey
 }
+
+// fenceSuffix ends the name of a lock's fence counter.
+const fenceSuffix = ":fence"
+
+// fenceKeyOf returns the fence counter of a lock key (see keys).
+func fenceKeyOf(lockKey string) string { return lockKey + fenceSuffix }
 
 // slotFenceKey returns the fence counter of lockKey's slot with
 // WithSlotFenceCounters (see fence.go), or "" for a counter per key.
@@ -344,6 +369,13 @@ var deadMs = ms(deadTokenTTL)
 
 // channelOf returns the channel a lock's releases are published on.
 func channelOf(lockKey string) string { return lockKey + ":released" }
+
+// queueKeyOf returns the key of a lock's queue of waiters (see queue.go).
+func queueKeyOf(lockKey string) string { return lockKey + ":q" }
+
+// recordPrefixOf returns the prefix of a lock's waiter records: the
+// record of the place ID is the prefix followed by ID.
+func recordPrefixOf(lockKey string) string { return lockKey + ":w:" }
 
 // ms converts a TTL to whole milliseconds, rounding up: the store never
 // expires a lock before the requested TTL.
@@ -468,21 +500,20 @@ end
 redis.call('SET', KEYS[2], '0', 'PX', ARGV[2])
 return 0`
 
-	// releaseScript: KEYS = lock, dead token; ARGV = token, tombstone ms[,
-	// channel, release id]. Returns 1 when it deleted the lock or had
-	// deleted it before (the token's tombstone says so), 0 when token did
-	// not hold it. It kills the token either way (see Dead tokens). When
-	// a waiter marked the lock it publishes a release id on the lock's
-	// channel: by default the token, unique to this acquisition and so to
-	// this release, on channelOf(KEYS[1]); Redlock passes both, and sends
-	// one id to all nodes, so that waiters wake once per release.
+	// releaseScript (Redlock's): KEYS = lock, dead token; ARGV = token,
+	// tombstone ms, the lock's channel, release id. Returns 1 when it
+	// deleted the lock or had deleted it before (the token's tombstone
+	// says so), 0 when token did not hold it. It kills the token either
+	// way (see Dead tokens). When a waiter marked the lock it publishes
+	// the release id on the lock's channel: Redlock sends one id to all
+	// nodes, so that waiters wake once per release.
 	releaseScript = goredis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if v == ARGV[1] or v == ARGV[1] .. '+' then
   redis.call('DEL', KEYS[1])
   redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
   if v ~= ARGV[1] then
-    redis.call('PUBLISH', ARGV[3] or KEYS[1] .. ':released', ARGV[4] or ARGV[1])
+    redis.call('PUBLISH', ARGV[3], ARGV[4])
   end
   return 1
 end

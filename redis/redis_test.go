@@ -103,35 +103,6 @@ func TestScriptCacheFlushIsSurvived(t *testing.T) {
 	}
 }
 
-func TestKeysShareAClusterSlot(t *testing.T) {
-	srv := redistest.Start(t, redistest.NoPersistence)
-	rdb := newGoRedis(t, srv.Addr)
-	b := redis.New(rdb)
-	locks := newLocks(t, b)
-	ctx := context.Background()
-	for _, key := range []string{"plain", "with{brace", "}leading", "a{b}c", "ünïcödé"} {
-		l, err := locks.TryAcquire(ctx, key)
-		if err != nil {
-			t.Fatalf("%q: %v", key, err)
-		}
-		var lockKey, fenceKey string
-		for _, k := range rdb.Keys(ctx, "lock:*").Val() {
-			if strings.HasSuffix(k, ":fence") {
-				fenceKey = k
-			} else {
-				lockKey = k
-			}
-		}
-		lockSlot, _ := rdb.ClusterKeySlot(ctx, lockKey).Result()
-		fenceSlot, _ := rdb.ClusterKeySlot(ctx, fenceKey).Result()
-		if lockKey == "" || fenceKey == "" || lockSlot != fenceSlot {
-			t.Errorf("%q: lock key %q (slot %d) and fence key %q (slot %d) must share a slot", key, lockKey, lockSlot, fenceKey, fenceSlot)
-		}
-		l.Release(ctx)
-		rdb.FlushAll(ctx)
-	}
-}
-
 func TestHolderRemainingTTLBoundsTheWait(t *testing.T) {
 	srv := redistest.Start(t, redistest.NoPersistence)
 	rdb := newGoRedis(t, srv.Addr)
