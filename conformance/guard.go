@@ -78,6 +78,12 @@ func (g *guard) Capabilities() backend.Capabilities {
 	return backend.Capabilities{}
 }
 
+// The forwarding types below give a guard one optional interface each;
+// withInterfaces (guard_gen.go, written by conformance/internal/guardgen)
+// combines them into a backend with exactly the optional interfaces of
+// the wrapped one.
+//go:generate go run ./internal/guardgen -o guard_gen.go
+
 type guardWatch struct{ g *guard }
 
 func (w guardWatch) Watch(ctx context.Context, key string) (backend.Watch, error) {
@@ -86,7 +92,11 @@ func (w guardWatch) Watch(ctx context.Context, key string) (backend.Watch, error
 }
 
 // guardQueue forwards a backend.Queuer, whose places' calls it watches.
-type guardQueue struct{ guardWatch }
+type guardQueue struct{ g *guard }
+
+func (q guardQueue) Watch(ctx context.Context, key string) (backend.Watch, error) {
+	return guardWatch(q).Watch(ctx, key)
+}
 
 func (q guardQueue) Queue(key string) (backend.Queue, error) {
 	p, err := q.g.b.(backend.Queuer).Queue(key)
@@ -127,84 +137,20 @@ func (x guardTransfer) Transfer(ctx context.Context, key, from, to string, ttl t
 	return x.g.b.(backend.Transferer).Transfer(ctx, key, from, to, ttl, opt)
 }
 
+type guardLoss struct{ g *guard }
+
+func (l guardLoss) NotifyLoss(key, token string, fence uint64, lost func(error)) (stop func()) {
+	return l.g.b.(backend.LossNotifier).NotifyLoss(key, token, fence, lost)
+}
+
 // guarded wraps b in a guard that keeps b's optional interfaces visible.
+// Every suite run checks that it did, on the real backend.
 func guarded(b backend.Backend, kase string, grace time.Duration) backend.Backend {
-	g := &guard{b: b, kase: kase, grace: grace, locked: make(chan struct{}, 1)}
-	_, n := b.(backend.Notifier)
-	_, i := b.(backend.Inspector)
-	_, x := b.(backend.Transferer)
-	w, in, tr := guardWatch{g}, guardInspect{g}, guardTransfer{g}
-	if _, q := b.(backend.Queuer); q {
-		wq := guardQueue{w}
-		switch {
-		case i && x:
-			return struct {
-				*guard
-				guardQueue
-				guardInspect
-				guardTransfer
-			}{g, wq, in, tr}
-		case i:
-			return struct {
-				*guard
-				guardQueue
-				guardInspect
-			}{g, wq, in}
-		case x:
-			return struct {
-				*guard
-				guardQueue
-				guardTransfer
-			}{g, wq, tr}
-		}
-		return struct {
-			*guard
-			guardQueue
-		}{g, wq}
+	w := withInterfaces(&guard{b: b, kase: kase, grace: grace, locked: make(chan struct{}, 1)})
+	if interfacesOf(w) != interfacesOf(b) {
+		panic(fmt.Sprintf("conformance: the guard of %T has the optional interfaces %v of %v; want those of the backend (%v)", b, interfacesOf(w), optionalInterfaces, interfacesOf(b)))
 	}
-	switch {
-	case n && i && x:
-		return struct {
-			*guard
-			guardWatch
-			guardInspect
-			guardTransfer
-		}{g, w, in, tr}
-	case n && i:
-		return struct {
-			*guard
-			guardWatch
-			guardInspect
-		}{g, w, in}
-	case n && x:
-		return struct {
-			*guard
-			guardWatch
-			guardTransfer
-		}{g, w, tr}
-	case i && x:
-		return struct {
-			*guard
-			guardInspect
-			guardTransfer
-		}{g, in, tr}
-	case n:
-		return struct {
-			*guard
-			guardWatch
-		}{g, w}
-	case i:
-		return struct {
-			*guard
-			guardInspect
-		}{g, in}
-	case x:
-		return struct {
-			*guard
-			guardTransfer
-		}{g, tr}
-	}
-	return g
+	return w
 }
 
 // unguarded returns the backend the harness made, for its hooks.
