@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -9,70 +10,183 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime"
+	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // The command that run starts is never lockctl's direct child: lockctl
-// starts a copy of itself, the guard, as the leader of a new process group,
-// and the guard starts the command in that group.
+// starts a copy of itself, the guard, in a process group of its own, and
+// the guard starts the command as the leader of another new group, the
+// command's group. Three processes, three groups:
 //
-//   - lockctl signals the whole group (SIGINT, SIGTERM, SIGHUP it receives;
-//     SIGTERM and SIGKILL on its own timeline), so a shell's children are
-//     stopped with the shell.
-//   - The guard holds the read end of a pipe whose only write end is
-//     lockctl's. When lockctl dies in any way, kill -9 included, the kernel
-//     closes it, the guard reads EOF and kills the whole group with
-//     SIGKILL at once: well before the lock can expire.
+//	lockctl          the caller's group: a terminal's ^C and ^Z reach it
+//	└─ guard         a group of its own, which nobody signals as a group
+//	   └─ command    the command's group, with all it starts
+//
+//   - lockctl signals the command's group (SIGINT, SIGTERM, SIGHUP, SIGTSTP
+//     and SIGCONT it receives; SIGTERM and SIGKILL on its own timeline), so
+//     a shell's children are stopped with the shell.
+//   - The guard holds the lease's deadline and kills the command's group
+//     (SIGKILL) when it passes, whatever state lockctl is in. lockctl
+//     tells it the deadline before the command starts and again whenever
+//     the lease's Deadline moves (it looks every TTL/10), as an absolute
+//     time on CLOCK_BOOTTIME (see bootDeadline).
+//   - The guard reads lockctl's deadlines from a pipe whose only write end
+//     is lockctl's. When lockctl dies in any way, kill -9 included, the
+//     kernel closes it, the guard reads EOF and kills the command's group at
+//     once: well before the lock can expire.
+//   - When the command's leader exits, the guard kills what it left in its
+//     group before reaping it (an unreaped leader keeps the group's id from
+//     being reused), then exits with the command's status.
 //   - The command also gets the parent-death signal (SIGKILL) for the
 //     guard, in case the guard alone is killed.
 //
-// What remains: a process that leaves the group (setsid, setpgid, a daemon)
-// escapes all of this; and a command in a group of its own is not in the
-// terminal's foreground group, so it does not read from the terminal.
+// Why the command never runs past the lease's deadline, whatever lockctl
+// does (stopped, starved of CPU, in a long GC pause):
+//
+//  1. Every deadline lockctl sends is no later than the lease's: lockctl
+//     reads CLOCK_BOOTTIME first and the time left to the deadline after
+//     it, on Go's monotonic clock (CLOCK_MONOTONIC), so the time between
+//     the two readings is taken off, never added; and CLOCK_BOOTTIME
+//     advances at least as fast as CLOCK_MONOTONIC (it also counts a
+//     suspend). Both clocks are the kernel's, read alike by every process;
+//     Go's monotonic readings cannot cross a process boundary.
+//  2. The guard waits on the kernel's clock (a timerfd on CLOCK_BOOTTIME,
+//     which fires on time after a suspend too), not on lockctl: lockctl can
+//     move the deadline only by a message, and it only sends the lease's
+//     deadlines. A renewal it has not told the guard about yet leaves the
+//     guard on the older, earlier deadline.
+//  3. Nothing stops the guard. SIGSTOP and SIGTSTP for lockctl, for its
+//     group (^Z) or for the command's group never reach the guard's own
+//     group; the guard catches SIGTSTP, SIGTTIN and SIGTTOU, so only a
+//     SIGSTOP sent to the guard by hand stops it. Its clock runs while
+//     lockctl and the command are stopped, and SIGKILL ends stopped
+//     processes too.
+//  4. Job control: SIGTSTP to lockctl (^Z) sends SIGTSTP to the command's
+//     group, then lockctl stops itself with SIGSTOP (the kernel would
+//     discard a SIGTSTP in an orphaned group, and lockctl would then renew
+//     the lock for a stopped command). SIGCONT to lockctl (fg, bg, kill
+//     -CONT) goes on to the command's group. Nothing renews while lockctl
+//     is stopped: if the deadline comes first, the guard kills the
+//     command, and lockctl, once continued, reports the loss (status 76).
+//
+// The deadline comes before the store can expire the lock (package lock
+// subtracts a drift allowance), so the command is dead before another
+// owner can take the lock.
+//
+// What remains: a process that leaves the command's group (setsid,
+// setpgid, a daemon) escapes all of this; the guard itself must get the
+// CPU to kill (it does nothing else); and a command in a group of its own
+// is not in the terminal's foreground group, so it does not read from the
+// terminal.
 
-// guardEnv marks a process started as the guard; its value is the command's
-// exit status when it cannot be started (unused otherwise).
+// guardEnv marks a process started as the guard.
 const guardEnv = "LOCKCTL_GUARD"
 
-// guardFD is the guard's descriptor for the pipe from lockctl.
-const guardFD = 3
+// The guard's descriptors for its two pipes with lockctl.
+const (
+	deadlineFD = 3 // lockctl's deadlines: 8 bytes each, see bootDeadline
+	reportFD   = 4 // the guard's reports: a kind byte, then 8 bytes
+)
+
+// Kinds of the guard's reports to lockctl.
+const (
+	reportStarted  = 's' // the command runs; the value is its group's id
+	reportDeadline = 'd' // the deadline passed: the guard killed the command (or never started it)
+)
 
 // isGuard reports whether this process was started as a guard.
 func isGuard() bool { return os.Getenv(guardEnv) != "" }
 
-// guardMain runs the command given in args in this process's group and
-// returns its exit status.
+// guardMain runs the command given in args as the leader of a new process
+// group, kills that group at the deadline lockctl last sent or when
+// lockctl is gone, and returns the command's exit status.
 func guardMain(args []string) int {
 	os.Unsetenv(guardEnv)
 	// The parent-death signal is tied to the thread that starts the child:
 	// keep this goroutine on its thread for the process's life.
 	runtime.LockOSThread()
-	syscall.CloseOnExec(guardFD) // the command does not inherit it
-	pipe := os.NewFile(guardFD, "lockctl")
-	// Stay alive through the signals sent to the group, to report the
-	// command's status; the command gets them with default handling.
-	signal.Notify(make(chan os.Signal, 1), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	syscall.CloseOnExec(deadlineFD) // the command inherits neither pipe
+	syscall.CloseOnExec(reportFD)
+	deadlines := os.NewFile(deadlineFD, "lockctl deadlines")
+	report := os.NewFile(reportFD, "lockctl reports")
+	// Stay alive, and running, through the signals that could be sent to
+	// this process, to keep the deadline and report the command's status.
+	// Caught, not ignored: the command gets them with default handling.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP,
+		syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU)
 	if len(args) == 0 {
 		fmt.Fprintln(os.Stderr, "lockctl run: guard: no command")
 		return exitUsage
 	}
+	first, err := readDeadline(deadlines)
+	if err != nil {
+		return exitBackend // lockctl is gone before the command started
+	}
+	timer, err := newBootTimer(first)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "lockctl run: guard: %v\n", err)
+		return exitBackend
+	}
+	if timer.passed() {
+		writeReport(report, reportDeadline, 0)
+		return exitLost
+	}
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		fmt.Fprintf(os.Stderr, "lockctl run: %v\n", err)
 		return startFailure(err)
 	}
-	leader := syscall.Getpgrp() == os.Getpid()
-	go func() {
-		io.Copy(io.Discard, pipe) // returns when lockctl is gone
-		if leader {
-			syscall.Kill(0, syscall.SIGKILL) // the whole group, this process too
+	pgid := cmd.Process.Pid
+	writeReport(report, reportStarted, int64(pgid))
+
+	var mu sync.Mutex
+	reaped := false     // the leader is reaped: pgid may name another group
+	atDeadline := false // the guard killed the group at the deadline
+	kill := func(deadline bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !reaped {
+			syscall.Kill(-pgid, syscall.SIGKILL)
+			atDeadline = atDeadline || deadline
 		}
-		cmd.Process.Kill()
+	}
+	go func() {
+		for {
+			d, err := readDeadline(deadlines)
+			if err != nil { // lockctl is gone
+				kill(false)
+				return
+			}
+			if err := timer.set(d); err != nil {
+				kill(true) // no clock to keep the deadline by
+				return
+			}
+		}
 	}()
+	go func() {
+		timer.wait()
+		kill(true)
+	}()
+
+	// The leader exited (not reaped yet): kill what it left behind.
+	var info unix.Siginfo
+	for unix.Waitid(unix.P_PID, pgid, &info, unix.WEXITED|unix.WNOWAIT, nil) == unix.EINTR {
+	}
+	mu.Lock()
+	syscall.Kill(-pgid, syscall.SIGKILL)
+	reaped = true
+	killed := atDeadline
+	mu.Unlock()
 	cmd.Wait()
+	if killed {
+		writeReport(report, reportDeadline, 0)
+	}
 	return exitStatus(cmd.ProcessState)
 }
 
@@ -97,53 +211,216 @@ func exitStatus(ps *os.ProcessState) int {
 	return ps.ExitCode()
 }
 
-// group is a started guard and its process group.
-type group struct {
-	cmd    *exec.Cmd
-	pipe   *os.File // lockctl's end; closing it makes the guard kill the group
-	exited chan int // the guard's exit status
+// bootClock reads CLOCK_BOOTTIME, in nanoseconds.
+func bootClock() (int64, error) {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return 0, fmt.Errorf("reading CLOCK_BOOTTIME: %w", err)
+	}
+	return ts.Nano(), nil
 }
 
-// startGroup starts the guard with command in a new process group.
-func startGroup(command []string, env []string, stdin io.Reader, stdout, stderr io.Writer) (*group, error) {
+// bootDeadline is the lease deadline d as an absolute CLOCK_BOOTTIME time,
+// never later than d: the clock is read before the time left to d is
+// measured (point 1 above). When the clock cannot be read it is 0, a
+// deadline long past.
+func bootDeadline(d time.Time) int64 {
+	now, err := bootClock()
+	if err != nil {
+		return 0
+	}
+	return now + int64(time.Until(d))
+}
+
+// readDeadline reads one deadline from lockctl.
+func readDeadline(r io.Reader) (int64, error) {
+	var b [8]byte
+	if _, err := io.ReadFull(r, b[:]); err != nil {
+		return 0, err
+	}
+	return int64(binary.BigEndian.Uint64(b[:])), nil
+}
+
+// writeReport writes one report to lockctl. A failure means lockctl is
+// gone, and then nobody needs it.
+func writeReport(w io.Writer, kind byte, value int64) {
+	b := binary.BigEndian.AppendUint64([]byte{kind}, uint64(value))
+	w.Write(b)
+}
+
+// readReport reads one report from the guard.
+func readReport(r io.Reader) (kind byte, value int64, err error) {
+	var b [9]byte
+	if _, err := io.ReadFull(r, b[:]); err != nil {
+		return 0, 0, err
+	}
+	return b[0], int64(binary.BigEndian.Uint64(b[1:])), nil
+}
+
+// bootTimer is the guard's deadline: a timerfd on CLOCK_BOOTTIME, armed at
+// an absolute time. Go's timers count CLOCK_MONOTONIC, which stops during
+// a suspend; the kernel fires this one on time after a resume too.
+type bootTimer struct {
+	fd int
+	f  *os.File // fd, read through Go's poller
+
+	mu sync.Mutex
+	at int64 // the deadline: CLOCK_BOOTTIME nanoseconds
+}
+
+// newBootTimer returns a timer armed at at.
+func newBootTimer(at int64) (*bootTimer, error) {
+	fd, err := unix.TimerfdCreate(unix.CLOCK_BOOTTIME, unix.TFD_NONBLOCK|unix.TFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("creating a CLOCK_BOOTTIME timer for the lock's deadline: %w", err)
+	}
+	t := &bootTimer{fd: fd, f: os.NewFile(uintptr(fd), "lock deadline")}
+	if err := t.set(at); err != nil {
+		t.f.Close()
+		return nil, err
+	}
+	return t, nil
+}
+
+// set moves the deadline to at, later or earlier: lockctl's last word
+// counts.
+func (t *bootTimer) set(at int64) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.at = at
+	// A zero time disarms a timerfd; a deadline at or before the clock's
+	// zero has passed, as its first nanosecond has.
+	spec := unix.ItimerSpec{Value: unix.NsecToTimespec(max(at, 1))}
+	if err := unix.TimerfdSettime(t.fd, unix.TFD_TIMER_ABSTIME, &spec, nil); err != nil {
+		return fmt.Errorf("arming the lock's deadline: %w", err)
+	}
+	return nil
+}
+
+// passed reports whether the deadline has passed (or the clock cannot be
+// read).
+func (t *bootTimer) passed() bool {
+	t.mu.Lock()
+	at := t.at
+	t.mu.Unlock()
+	now, err := bootClock()
+	return err != nil || now >= at
+}
+
+// wait returns once the deadline has passed: the timer fired, and was not
+// moved later meanwhile. It also returns when the timer cannot be read.
+func (t *bootTimer) wait() {
+	var b [8]byte
+	for {
+		if _, err := t.f.Read(b[:]); err != nil || t.passed() {
+			return
+		}
+	}
+}
+
+// group is a started guard and the command's process group.
+type group struct {
+	cmd       *exec.Cmd
+	deadlines *os.File // lockctl's end; closing it makes the guard kill the command
+	pgid      int      // the command's group; 0 when the command did not start
+	told      time.Time
+	exited    chan guardExit
+}
+
+// guardExit is how the guard ended.
+type guardExit struct {
+	status     int  // the guard's exit status: the command's
+	atDeadline bool // the guard killed the command at the deadline it was told
+}
+
+// startGroup starts the guard, which starts command in a new process
+// group once it has deadline, the lease's deadline; startGroup returns
+// when the command runs, or could not start.
+func startGroup(command []string, env []string, stdin io.Reader, stdout, stderr io.Writer, deadline time.Time) (*group, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("finding lockctl's own executable to start the command under: %w", err)
 	}
-	r, w, err := os.Pipe()
+	if _, err := bootClock(); err != nil {
+		return nil, fmt.Errorf("the guard needs the system's boot-time clock: %w", err)
+	}
+	dr, dw, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
-	defer r.Close()
+	defer dr.Close()
+	rr, rw, err := os.Pipe()
+	if err != nil {
+		dw.Close()
+		return nil, err
+	}
+	g := &group{deadlines: dw, exited: make(chan guardExit, 1)}
+	// Before the guard starts: it starts the command only with a deadline.
+	if err := g.tell(deadline); err != nil {
+		dw.Close()
+		rr.Close()
+		rw.Close()
+		return nil, fmt.Errorf("telling the guard the lock's deadline: %w", err)
+	}
 	cmd := exec.Command(self, command...)
 	cmd.Args[0] = "lockctl-guard"
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
 	cmd.Env = append(env, guardEnv+"=1")
-	cmd.ExtraFiles = []*os.File{r} // descriptor 3 in the guard
+	cmd.ExtraFiles = []*os.File{dr, rw} // descriptors 3 and 4 in the guard
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	// When the output is copied (not a file), a process the command left
-	// behind may hold the copy open: Wait gives up on it after this, so
-	// that lockctl can kill the rest of the group.
+	// When the output is copied (not a file), a process that left the
+	// command's group may hold the copy open: Wait gives up on it after
+	// this.
 	cmd.WaitDelay = time.Second
-	if err := cmd.Start(); err != nil {
-		w.Close()
+	err = cmd.Start()
+	rw.Close() // the guard's now: EOF on rr when the guard is gone
+	if err != nil {
+		dw.Close()
+		rr.Close()
 		return nil, err
 	}
-	g := &group{cmd: cmd, pipe: w, exited: make(chan int, 1)}
+	g.cmd = cmd
+	atDeadline := false
+	switch kind, value, err := readReport(rr); {
+	case err != nil: // the command did not start; the guard said why
+	case kind == reportStarted:
+		g.pgid = int(value)
+	case kind == reportDeadline:
+		atDeadline = true
+	}
 	go func() {
+		for {
+			kind, _, err := readReport(rr)
+			if err != nil {
+				break
+			}
+			atDeadline = atDeadline || kind == reportDeadline
+		}
+		rr.Close()
 		cmd.Wait()
-		g.exited <- exitStatus(cmd.ProcessState)
+		g.exited <- guardExit{exitStatus(cmd.ProcessState), atDeadline}
 	}()
 	return g, nil
 }
 
-// signal sends sig to every process of the group.
-func (g *group) signal(sig syscall.Signal) {
-	syscall.Kill(-g.cmd.Process.Pid, sig)
+// tell sends the guard the lease's deadline d.
+func (g *group) tell(d time.Time) error {
+	g.told = d
+	_, err := g.deadlines.Write(binary.BigEndian.AppendUint64(nil, uint64(bootDeadline(d))))
+	return err
 }
 
-// close kills what is left of the group and lets the guard go.
+// signal sends sig to every process of the command's group.
+func (g *group) signal(sig syscall.Signal) {
+	if g.pgid > 0 {
+		syscall.Kill(-g.pgid, sig)
+	}
+}
+
+// close lets the guard go. A guard still running then kills the
+// command's group; one that exited killed it before it did. (lockctl does
+// not kill the group itself here: once the guard has reaped the leader,
+// the group's id may come to name another group.)
 func (g *group) close() {
-	g.signal(syscall.SIGKILL)
-	g.pipe.Close()
+	g.deadlines.Close()
 }

@@ -129,12 +129,18 @@ func release(ctx context.Context, l *lock.Lease, limit time.Duration) error {
 // runHolding runs the command while l is held and releases l when the
 // command and every process of its group are gone. The timeline:
 //
-//   - lockctl renews the lease every TTL/3 while the command runs;
+//   - lockctl renews the lease every TTL/3 while the command runs, and
+//     tells the guard each new deadline: the guard kills the command's
+//     group when the deadline it knows passes, even while lockctl is
+//     stopped or starved of CPU (see guard.go);
 //   - when renewals fail and the lease's remaining validity falls to
 //     grace, the command's process group gets SIGTERM: it has until the
 //     deadline to finish;
 //   - at the deadline (or at once when the store says the lock is gone),
-//     the group gets SIGKILL and lockctl exits 76.
+//     the group gets SIGKILL and lockctl exits 76;
+//   - SIGTSTP stops the command's group and lockctl; SIGCONT continues
+//     both. The lease is not renewed while lockctl is stopped: a stop that
+//     outlasts the deadline ends the command there.
 //
 // The deadline comes before the store can expire the lock (package lock
 // subtracts a drift allowance), so the command is stopped before another
@@ -148,7 +154,15 @@ func (e *environment) runHolding(ctx context.Context, l *lock.Lease, command []s
 		"LOCK_TOKEN="+l.Token(),
 		"LOCK_TTL="+l.TTL().String(),
 	)
-	g, err := startGroup(command, env, os.Stdin, e.stdout, e.stderr)
+	// Pass on the signals that ask lockctl to end, stop or continue, to the
+	// whole group: caught from before the command starts, so that none
+	// reaches lockctl alone. One channel keeps a stop and a continue in
+	// their order.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGTSTP, syscall.SIGCONT)
+	defer signal.Stop(sigs)
+
+	g, err := startGroup(command, env, os.Stdin, e.stdout, e.stderr, l.Deadline())
 	if err != nil {
 		fmt.Fprintf(e.stderr, "lockctl run: %v\n", err)
 		release(ctx, l, min(l.TTL(), 5*time.Second))
@@ -156,29 +170,41 @@ func (e *environment) runHolding(ctx context.Context, l *lock.Lease, command []s
 	}
 	defer g.close()
 
-	// Pass on the signals that ask lockctl to stop, to the whole group.
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	defer signal.Stop(sigs)
+	// The guard learns of renewals from here: look at the deadline often
+	// enough that it hears of one long before the deadline it knows.
+	tell := time.NewTicker(max(l.TTL()/10, time.Millisecond))
+	defer tell.Stop()
 
 	term := time.NewTimer(time.Until(l.Deadline().Add(-grace)))
 	defer term.Stop()
 	stopped := "" // why lockctl stopped the command, if it did
 	for {
 		select {
-		case status := <-g.exited:
-			g.close() // what the command left behind goes with it
+		case x := <-g.exited: // the guard killed what the command left behind
+			g.close()
+			if stopped == "" && x.atDeadline {
+				stopped = "its deadline passed before lockctl could tell the guard of a renewal (lockctl stopped or starved of CPU, or renewals failing); the guard killed the command"
+			}
 			if stopped == "" {
 				if err := release(ctx, l, min(l.TTL(), 5*time.Second)); err != nil {
 					fmt.Fprintf(e.stderr, "lockctl run: release: %v\n", msg(err))
 				}
-				return status
+				return x.status
 			}
 			release(ctx, l, time.Second)
 			fmt.Fprintf(e.stderr, "lockctl run: lock %q: %s\n", l.Key(), stopped)
 			return exitLost
+		case <-tell.C:
+			if d := l.Deadline(); !d.Equal(g.told) {
+				g.tell(d) // fails only when the guard is gone: g.exited says so
+			}
 		case s := <-sigs:
 			g.signal(s.(syscall.Signal))
+			if s == syscall.SIGTSTP {
+				// Stop with the command. SIGSTOP, not SIGTSTP: see guard.go.
+				fmt.Fprintf(e.stderr, "lockctl run: stopped: lock %q is not renewed while lockctl is stopped; continue it within %v or the command is killed\n", l.Key(), time.Until(l.Deadline()).Round(time.Millisecond))
+				syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+			}
 		case <-term.C:
 			left := time.Until(l.Deadline())
 			if left > grace {

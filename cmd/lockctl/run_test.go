@@ -46,13 +46,23 @@ func pids(t *testing.T, dir string) []int {
 // alive reports whether pid runs (a zombie, waiting to be reaped by a
 // parent that is not ours, counts as dead).
 func alive(pid int) bool {
+	s := procState(pid)
+	return s != 0 && s != 'Z' && s != 'X'
+}
+
+// procState is pid's state as /proc shows it (R, S, D, T for stopped, Z
+// for a zombie...), or 0 when there is no such process.
+func procState(pid int) byte {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return false
+		return 0
 	}
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+	if i < 0 || i+2 >= len(s) {
+		return '?'
+	}
+	return s[i+2]
 }
 
 // waitDead fails t unless every pid is dead within d.
