@@ -241,6 +241,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness, opts ...Option) {
 		{"ReplyLost", s.replyLost},
 		{"ReleaseSentAgain", s.releaseSentAgain},
 		{"CancelWhileStoreHangs", s.cancelWhileStoreHangs},
+		{"GiveUpUnderLoad", s.giveUpUnderLoad},
 		{"FenceAfterRestart", s.fenceAfterRestart},
 	}
 	if s.transfers(t) {

@@ -19,7 +19,10 @@ import (
 )
 
 // harness is one etcd member in a process of its own; every backend reaches
-// it through a fault proxy of its own.
+// it through two fault proxies of its own, two endpoints of its client,
+// which spreads its requests over both (round robin): as with the members
+// of a cluster, a request on one link can overtake one sent before on the
+// other (conformance.LinkDelayer).
 type harness struct {
 	faultproxy.Hooks
 	t        *testing.T
@@ -32,8 +35,8 @@ type harness struct {
 // sent on streams (keep-alives, watch requests).
 func (h *harness) Requests() int64 { return h.requests.Load() }
 
-// countingClient returns a client of addr that counts its requests in n.
-func countingClient(t testing.TB, addr string, n *atomic.Int64) *clientv3.Client {
+// countingClient returns a client of addrs that counts its requests in n.
+func countingClient(t testing.TB, n *atomic.Int64, addrs ...string) *clientv3.Client {
 	t.Helper()
 	unary := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		n.Add(1)
@@ -47,7 +50,7 @@ func countingClient(t testing.TB, addr string, n *atomic.Int64) *clientv3.Client
 		}
 		return countedStream{s, n}, nil
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{addr}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+	cli, err := clientv3.New(clientv3.Config{Endpoints: addrs, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
 		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(unary), grpc.WithChainStreamInterceptor(stream)}})
 	if err != nil {
 		t.Fatalf("clientv3.New: %v", err)
@@ -72,6 +75,7 @@ var (
 	_ conformance.Disconnecter = (*harness)(nil)
 	_ conformance.ReplyHolder  = (*harness)(nil)
 	_ conformance.Restarter    = (*harness)(nil)
+	_ conformance.LinkDelayer  = (*harness)(nil)
 )
 
 // owned is a backend that closes its etcd client and its proxy with it, as
@@ -81,26 +85,29 @@ type owned struct {
 	*etcd.Backend
 	h *harness
 	proxiedClient
+	px2 *faultproxy.Proxy // the second link
 }
 
 func (o *owned) Close() error {
 	err := o.Backend.Close()
 	o.proxiedClient.close()
+	o.px2.Close()
 	o.h.Forget(o)
 	return err
 }
 
 func (h *harness) NewBackend(context.Context) (backend.Backend, error) {
-	px := faultproxy.Start(h.t, h.srv.Addr)
-	cli := countingClient(h.t, px.Addr, &h.requests)
+	px, px2 := faultproxy.Start(h.t, h.srv.Addr), faultproxy.Start(h.t, h.srv.Addr)
+	cli := countingClient(h.t, &h.requests, px.Addr, px2.Addr)
 	b, err := etcd.New(cli, etcd.WithElectionTimeout(electionTimeout))
 	if err != nil {
 		cli.Close()
 		px.Close()
+		px2.Close()
 		return nil, err
 	}
-	o := &owned{Backend: b, h: h, proxiedClient: proxiedClient{cli, px}}
-	h.Add(o, px)
+	o := &owned{Backend: b, h: h, proxiedClient: proxiedClient{cli, px}, px2: px2}
+	h.Add(o, px, px2)
 	return o, nil
 }
 

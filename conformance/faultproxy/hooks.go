@@ -96,7 +96,22 @@ func (h *Hooks) Delay(_ context.Context, b backend.Backend, d time.Duration) err
 	return h.each(b, func(p *Proxy) { p.Delay(Both, d) })
 }
 
-// Undelay ends Delay for b.
+// DelayOneLink delays the traffic of the first proxy registered for b by
+// d both ways, and none of the others (conformance.LinkDelayer): a client
+// that reaches the store through several proxies (two endpoints of one
+// member, say) then sees requests on its other links overtake those on
+// the first. Undelay ends it.
+func (h *Hooks) DelayOneLink(_ context.Context, b backend.Backend, d time.Duration) error {
+	first := true
+	return h.each(b, func(p *Proxy) {
+		if first {
+			p.Delay(Both, d)
+			first = false
+		}
+	})
+}
+
+// Undelay ends Delay and DelayOneLink for b.
 func (h *Hooks) Undelay(_ context.Context, b backend.Backend) error {
 	return h.each(b, func(p *Proxy) { p.Delay(Both, 0) })
 }
