@@ -10,12 +10,14 @@
 //
 // # How it works
 //
-// A lock is the KV entry PREFIX+KEY (default prefix "lock/", the key
-// path-escaped), locked by a session whose TTL is a quarter longer than the
-// lock's TTL (see reserveOf) and whose behavior is "delete". Acquire takes
-// a session that holds no lock (renewing it unless it was renewed lately
-// enough to carry the lock as it is), or creates one, and sends one
-// transaction that locks the entry with the
+// A lock is the KV entry PREFIX+KEY (default prefix "lock/"; KEY is the
+// key path-escaped, with "." and ".." written "%2E" and "%2E%2E", so that
+// distinct keys have distinct entries, each one path segment that Consul's
+// HTTP API reaches as it is), locked by a session whose TTL is a quarter
+// longer than the lock's TTL (see reserveOf) and whose behavior is
+// "delete". Acquire takes a session that holds no lock (renewing it
+// unless it was renewed lately enough to carry the lock as it is), or
+// creates one, and sends one transaction that locks the entry with the
 // owner token as its value and reads it back: the fence is the entry's
 // ModifyIndex, the Raft index of the write that made this owner the
 // holder. Renew renews the session and checks, in the same round trip,
@@ -280,8 +282,30 @@ func (b *Backend) Capabilities() backend.Capabilities {
 	}
 }
 
-// entry is the KV name of key.
-func (b *Backend) entry(key string) string { return b.o.prefix + url.PathEscape(key) }
+// entry is the KV name of key: the prefix, then the key path-escaped
+// (see escapeKey). Every call finds a lock's entry, and the queue records
+// beside it, by this name.
+func (b *Backend) entry(key string) string { return b.o.prefix + escapeKey(key) }
+
+// escapeKey returns key as Consul names it: url.PathEscape of the key, or
+// "%2E" and "%2E%2E" for the keys "." and "..". Consul's HTTP API takes KV
+// names in the URL path: a name of printable ASCII with no '/' (PathEscape
+// writes '/', '%', controls and non-ASCII bytes as %XX) is one path
+// segment, which the API's router leaves alone unless it is "." or "..":
+// those it would resolve away (the GET of the entry "lock/." would read
+// "lock/"), while the transaction endpoint, which takes names in its body,
+// would lock the entry itself. The mapping is injective: url.PathUnescape
+// gives every key back from its name.
+func escapeKey(key string) string {
+	switch e := url.PathEscape(key); e {
+	case ".":
+		return "%2E"
+	case "..":
+		return "%2E%2E"
+	default:
+		return e
+	}
+}
 
 func (b *Backend) check(ttl time.Duration) error {
 	if b.closed.Load() {

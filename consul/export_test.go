@@ -12,3 +12,7 @@ import (
 func (b *Backend) GuardedTxn(ctx context.Context, key, session string, fence uint64, ops api.TxnOps) (*api.TxnResponse, error) {
 	return b.guardedTxn(ctx, key, held{name: b.entry(key), session: session, fence: fence}, ops)
 }
+
+// Entry is the KV name of key's lock entry; its queue records are under
+// Entry(key) + "/q/".
+func (b *Backend) Entry(key string) string { return b.entry(key) }
