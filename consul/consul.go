@@ -118,6 +118,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/hashicorp/consul/api"
 
@@ -186,7 +188,9 @@ type options struct {
 }
 
 // WithPrefix sets the prefix of every key the backend writes (default
-// DefaultPrefix).
+// DefaultPrefix). New refuses a prefix that Consul's HTTP API would not
+// reach as it is: one with a leading '/', a "//", a "." or ".." segment
+// before its last '/', or characters that are not printable UTF-8.
 func WithPrefix(p string) Option { return func(o *options) { o.prefix = p } }
 
 // WithMinTTL declares the servers' minimum session TTL (session_ttl_min,
@@ -254,6 +258,9 @@ func New(cli *api.Client, opts ...Option) (*Backend, error) {
 	case o.lockDelay < 0 || o.lockDelay > time.Minute:
 		return nil, fmt.Errorf("%w: consul: lock-delay %v; want 0 to 60s", backend.ErrInvalid, o.lockDelay)
 	}
+	if why := prefixProblem(o.prefix); why != "" {
+		return nil, fmt.Errorf("%w: consul: prefix %q %s: Consul's HTTP API would read other entries than the transactions write; want printable UTF-8 whose segments before the last '/' are not empty, \".\" or \"..\", such as %q", backend.ErrInvalid, o.prefix, why, DefaultPrefix)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Backend{
 		cli:    cli,
@@ -286,6 +293,32 @@ func (b *Backend) Capabilities() backend.Capabilities {
 // (see escapeKey). Every call finds a lock's entry, and the queue records
 // beside it, by this name.
 func (b *Backend) entry(key string) string { return b.o.prefix + escapeKey(key) }
+
+// prefixProblem says what in prefix would make Consul's HTTP API reach an
+// entry by another name than the one the transactions write, or "" when
+// nothing would: the API client drops a leading '/', the router merges
+// empty path segments and resolves "." and "..", the agent refuses a path
+// with characters that are not printable, and the transactions' JSON
+// replaces bytes that are not UTF-8. The prefix's last segment
+// is completed by the escaped key, which is never "." or "..".
+func prefixProblem(prefix string) string {
+	if !utf8.ValidString(prefix) {
+		return "is not valid UTF-8 (the transactions' JSON would replace bytes of it)"
+	}
+	if i := strings.IndexFunc(prefix, func(r rune) bool { return !unicode.IsPrint(r) }); i >= 0 {
+		return fmt.Sprintf("has the character %q, which is not printable", []rune(prefix[i:])[0])
+	}
+	segs := strings.Split(prefix, "/")
+	for _, seg := range segs[:len(segs)-1] {
+		switch seg {
+		case "":
+			return "has an empty path segment (a leading '/' or a \"//\")"
+		case ".", "..":
+			return fmt.Sprintf("has the path segment %q", seg)
+		}
+	}
+	return ""
+}
 
 // escapeKey returns key as Consul names it: url.PathEscape of the key, or
 // "%2E" and "%2E%2E" for the keys "." and "..". Consul's HTTP API takes KV

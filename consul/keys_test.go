@@ -3,12 +3,14 @@ package consul_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/consul/api"
 
 	"github.com/distlock/lock"
+	"github.com/distlock/lock/consul"
 	"github.com/distlock/lock/internal/consultest"
 )
 
@@ -127,5 +129,31 @@ func waitForRecord(ctx context.Context, t *testing.T, cli *api.Client, prefix st
 			return
 		}
 		index = meta.LastIndex
+	}
+}
+
+// A prefix that Consul's HTTP API would not reach as it is, is refused:
+// with it, Inspect said a held key was free (checked on the agent with
+// "/lock/", "a//b/", "a/./b/", "a/../b/" and "x\x01/").
+func TestPrefixesTheAPIWouldRewrite(t *testing.T) {
+	cli, err := api.NewClient(api.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"/lock/", "/", "a//b/", "a/./b/", "a/../b/", "./", "../x", "x\x01/", "x\xff/"} {
+		if _, err := consul.New(cli, consul.WithPrefix(p)); !errors.Is(err, lock.ErrInvalid) || !strings.Contains(err.Error(), "prefix") {
+			t.Errorf("New with the prefix %q: %v; want ErrInvalid naming the prefix", p, err)
+		}
+	}
+	for _, p := range []string{"", "lock/", "lock", "app/locks/", "a.b/c..d/", ".x/", "ключ/", "a b/", "x/."} {
+		b, err := consul.New(cli, consul.WithPrefix(p))
+		if err != nil {
+			t.Errorf("New with the prefix %q: %v", p, err)
+			continue
+		}
+		b.Close()
+	}
+	if _, err := lock.Open(context.Background(), "consul://127.0.0.1:8500?prefix=%2Flock%2F"); !errors.Is(err, lock.ErrInvalid) {
+		t.Errorf("Open with prefix=/lock/: %v; want ErrInvalid", err)
 	}
 }
