@@ -10,8 +10,12 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+
 	"github.com/distlock/lock"
 	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/conformance"
 	"github.com/distlock/lock/internal/redistest"
 	"github.com/distlock/lock/redis"
 )
@@ -200,4 +204,48 @@ func TestSentinelURL(t *testing.T) {
 			t.Errorf("Open(%q): %v; want ErrInvalid saying %q", tc.url, err, tc.want)
 		}
 	}
+}
+
+// clusterHarness is a Redis Cluster of three masters; every backend has a
+// cluster client of its own. It offers no fault hooks: the cases that need
+// them are skipped.
+type clusterHarness struct {
+	t     *testing.T
+	addrs []string
+}
+
+func (h *clusterHarness) NewBackend(context.Context) (backend.Backend, error) {
+	rdb := goredis.NewClusterClient(&goredis.ClusterOptions{
+		Addrs:                    h.addrs,
+		ContextTimeoutEnabled:    true,
+		MaxRetries:               -1,
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+	})
+	return &ownsCluster{redis.New(rdb), rdb}, nil
+}
+
+func (h *clusterHarness) Capabilities() backend.Capabilities { return redis.New(nil).Capabilities() }
+
+// ownsCluster closes its cluster client with the backend.
+type ownsCluster struct {
+	*redis.Backend
+	rdb *goredis.ClusterClient
+}
+
+func (o *ownsCluster) Close() error {
+	err := o.Backend.Close()
+	o.rdb.Close()
+	return err
+}
+
+// The single deployment's backend on Redis Cluster, where every script's
+// keys must share a slot.
+func TestConformanceCluster(t *testing.T) {
+	conformance.Run(t, func(t *testing.T) conformance.Harness {
+		h := &clusterHarness{t: t}
+		for _, s := range redistest.StartCluster(t, 3) {
+			h.addrs = append(h.addrs, s.Addr)
+		}
+		return h
+	})
 }
