@@ -28,9 +28,10 @@ type LinkDelayer interface {
 
 // giveUpUnderLoad: waiters give up after a few milliseconds on busy keys,
 // while their clients take, hold and release keys of their own, and the
-// other clients try to take those. One client's link to the store is slow
-// (LinkDelayer: one link of its; else Delayer: the whole client; else
-// none). So attempts end while on their way, their undo (a release, a
+// other clients try to take those. Links to the store are slow
+// (LinkDelayer: one link of every client; else Delayer: all of client 0's;
+// else
+// none; see LinkDelayer). So attempts end while on their way, their undo (a release, a
 // waiter leaving the queue) races the client's next requests, and requests
 // overtake each other. The keys of their own are checked against the
 // lease-lock model: a lock freed under its holder by the late undo of an
@@ -52,13 +53,17 @@ func (s *suite) giveUpUnderLoad(t *testing.T) {
 		own[i] = s.key(t)
 	}
 	busy := []string{s.key(t), s.key(t)}
-	delay := 20 * time.Millisecond
+	delay := 50 * time.Millisecond
 	if ld, ok := s.h.(LinkDelayer); ok {
-		if err := ld.DelayOneLink(ctx, unguarded(backends[0]), delay); err != nil {
-			t.Fatalf("DelayOneLink: %v", err)
+		// One slow link on every client, as when one member of a
+		// cluster sits behind a slow network.
+		for _, b := range backends {
+			if err := ld.DelayOneLink(ctx, unguarded(b), delay); err != nil {
+				t.Fatalf("DelayOneLink: %v", err)
+			}
+			defer ld.Undelay(context.Background(), unguarded(b))
 		}
-		defer ld.Undelay(context.Background(), unguarded(backends[0]))
-		t.Logf("one of client 0's links delayed %v each way", delay)
+		t.Logf("one link of every client delayed %v each way", delay)
 	} else if dl, ok := s.h.(Delayer); ok {
 		if err := dl.Delay(ctx, unguarded(backends[0]), delay); err != nil {
 			t.Fatalf("Delay: %v", err)
@@ -77,13 +82,41 @@ func (s *suite) giveUpUnderLoad(t *testing.T) {
 		sections  atomic.Int64
 		ownCycles atomic.Int64
 	)
+	// A client that takes the busy keys without waiting for them, so that
+	// its releases free them instead of handing them to a waiter (its
+	// backend does not follow them): the waiter at the head then takes the
+	// key with an attempt of its own, which may be on its way when the
+	// waiter gives up.
+	hog := s.client(t, lock.WithAutoRenew(false))
+	for k := range busy {
+		wg.Go(func() {
+			for time.Now().Before(end) && ctx.Err() == nil {
+				l, err := hog.TryAcquire(ctx, busy[k], lock.WithTTL(s.long))
+				if err == nil {
+					n := holders[k].Add(1)
+					for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+					}
+					time.Sleep(10*time.Millisecond + rand.N(30*time.Millisecond)) // the section
+					holders[k].Add(-1)
+					sections.Add(1)
+					if err := l.Release(ctx); errors.Is(err, lock.ErrNotHeld) {
+						t.Errorf("the store freed a busy key under its holder, %v before the lease's deadline: %v", time.Until(l.Deadline()), err)
+					}
+				} else if !errors.Is(err, lock.ErrLocked) {
+					t.Errorf("TryAcquire of a busy key: %v", err)
+					return
+				}
+				time.Sleep(rand.N(5 * time.Millisecond)) // between sections
+			}
+		})
+	}
 	for i, c := range cs {
-		// Waiters on the busy keys that give up after 2-60ms.
+		// Waiters on the busy keys that give up after 2-120ms.
 		for range 2 {
 			wg.Go(func() {
 				for time.Now().Before(end) && ctx.Err() == nil {
 					k := rand.N(len(busy))
-					wctx, cancel := context.WithTimeout(ctx, 2*time.Millisecond+rand.N(58*time.Millisecond))
+					wctx, cancel := context.WithTimeout(ctx, 2*time.Millisecond+rand.N(118*time.Millisecond))
 					l, err := c.Acquire(wctx, busy[k], lock.WithTTL(s.long))
 					cancel()
 					if err != nil {
@@ -97,10 +130,12 @@ func (s *suite) giveUpUnderLoad(t *testing.T) {
 					n := holders[k].Add(1)
 					for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
 					}
-					time.Sleep(rand.N(10 * time.Millisecond)) // the section
+					time.Sleep(5*time.Millisecond + rand.N(25*time.Millisecond)) // the section
 					holders[k].Add(-1)
 					sections.Add(1)
-					l.Release(ctx) // a lease lost meanwhile is not this case's concern
+					if err := l.Release(ctx); errors.Is(err, lock.ErrNotHeld) {
+						t.Errorf("client %d: the store freed a busy key under its holder, %v before the lease's deadline: %v", i, time.Until(l.Deadline()), err)
+					}
 				}
 			})
 		}
