@@ -242,6 +242,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness, opts ...Option) {
 		{"ReleaseSentAgain", s.releaseSentAgain},
 		{"CancelWhileStoreHangs", s.cancelWhileStoreHangs},
 		{"GiveUpUnderLoad", s.giveUpUnderLoad},
+		{"IdleResourcesExpire", s.idleResourcesExpire},
 		{"FenceAfterRestart", s.fenceAfterRestart},
 	}
 	if s.transfers(t) {
