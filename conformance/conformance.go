@@ -39,7 +39,14 @@
 //	SeveralTTLs, StoreLosesLock,
 //	CancelInQueue,
 //	RenewAfterLoss, Takeover,
-//	CancelWhileWaiting, ManyKeys
+//	CancelWhileWaiting, ManyKeys,
+//	IdleResourcesExpire,
+//	LockFreedOutside (at once on a
+//	backend.LossNotifier, else by
+//	the next renewal)
+//	GiveUpUnderLoad              nothing; slows one link of every
+//	                             client with LinkDelayer, or all of
+//	                             one client's with Delayer
 //	Transfer                     backend.Transferer (runs only then)
 //	HandoverFails                backend.Transferer, ReplyHolder
 //	WakeOnRelease                backend.Notifier
@@ -72,12 +79,23 @@
 // ExpiryFactor and ExpirySlack bound how late, from when it received the
 // acquire or renew.
 //
+// KeyShapes sends keys that look alike to a store that rewrites or hashes
+// keys: ".", "..", path-like and escape-like keys, a key with braces and
+// the hex SHA-1 of it, keys that differ only in case or in Unicode
+// normalisation; every two of them must be held at once by two clients.
+// IdleResourcesExpire waits out the latest expiry the backend declares for
+// the short TTL: it must bound the sessions or leases the backend keeps
+// idle as it bounds the locks they carry.
+//
 // The hooks act on the network between the client and the store: run each
 // backend's connections through a conformance/faultproxy.Proxy and embed a
 // faultproxy.Hooks in the harness: it turns each backend's proxies into
 // Disconnect, Reconnect, the ReplyHolder, Delayer and ConnResetter hooks (see
 // memory/netstore/conformance_test.go in this module, a whole harness in
-// under 100 lines). Disconnect holds every byte in both
+// under 100 lines). A client with several links to the store (the
+// endpoints of several members, or two proxies to one) registers them all:
+// Hooks then also gives LinkDelayer, which slows one of them, so that
+// requests overtake each other. Disconnect holds every byte in both
 // directions, on the connections open now and on new ones, without closing
 // anything, until Reconnect delivers what was held (Proxy.Cut and
 // Proxy.Heal). The suite uses Pauser only where the harness has no
@@ -243,6 +261,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness, opts ...Option) {
 		{"CancelWhileStoreHangs", s.cancelWhileStoreHangs},
 		{"GiveUpUnderLoad", s.giveUpUnderLoad},
 		{"IdleResourcesExpire", s.idleResourcesExpire},
+		{"LockFreedOutside", s.lockFreedOutside},
 		{"FenceAfterRestart", s.fenceAfterRestart},
 	}
 	if s.transfers(t) {
