@@ -542,7 +542,8 @@ func (c *Client) watchLoss(l *Lease) {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		if l.state == stateHeld {
-			l.endLocked(stateLost, fmt.Errorf("%w: the store says the lock is gone: %w", ErrLost, err))
+			// The store's word, as a renewal's ErrNotHeld would be.
+			l.endLocked(stateLost, fmt.Errorf("%w: the store says the lock is gone (%w): %w", ErrLost, ErrNotHeld, err))
 		}
 	})
 	l.onEnd(func(error) { stop() })

@@ -216,6 +216,9 @@ type Backend struct {
 	delays map[string]time.Time // key -> when a lock-delay on it ends, as last seen
 	hot    map[string]time.Time // key -> when this backend last found it held or queued
 	pool   sessionPool
+	// lossWatches holds a slot for each loss watch running (NotifyLoss):
+	// each is a blocking query, and so an HTTP connection of its own.
+	lossWatches chan struct{}
 
 	closed atomic.Bool
 	bg     sync.WaitGroup // background destroys and watches
@@ -263,14 +266,15 @@ func New(cli *api.Client, opts ...Option) (*Backend, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Backend{
-		cli:    cli,
-		o:      o,
-		owned:  map[string]*owned{},
-		dead:   map[string]tomb{},
-		delays: map[string]time.Time{},
-		hot:    map[string]time.Time{},
-		ctx:    ctx,
-		cancel: cancel,
+		lossWatches: make(chan struct{}, maxLossWatches),
+		cli:         cli,
+		o:           o,
+		owned:       map[string]*owned{},
+		dead:        map[string]tomb{},
+		delays:      map[string]time.Time{},
+		hot:         map[string]time.Time{},
+		ctx:         ctx,
+		cancel:      cancel,
 	}, nil
 }
 

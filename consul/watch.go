@@ -91,10 +91,22 @@ func (b *Backend) sawFree(name string) {
 	b.delays[name] = time.Now().Add(b.o.lockDelay)
 }
 
+// maxLossWatches bounds the loss watches a backend runs at once. Each is a
+// blocking query, and so an HTTP/1.1 connection of its own, and Consul
+// refuses more than http_max_conns_per_client (200 by default) connections
+// from one address with 429 Too Many Requests, to every client on it: one
+// watch per lock would make a process that holds hundreds of locks fail
+// its own acquires and renewals. A lock beyond the bound is not watched:
+// its lease learns of a loss at its next renewal, as on a backend without
+// loss reports (package lock renews every TTL/3, and ends the lease at its
+// deadline in any case).
+const maxLossWatches = 16
+
 // NotifyLoss implements backend.LossNotifier: a blocking query on the
 // entry from the index of the grant (so that no read from before it
 // counts) calls lost when the entry is deleted or locked by another
 // session: released from outside, or its session destroyed or expired.
+// At most maxLossWatches locks are watched at once; the others are not.
 func (b *Backend) NotifyLoss(key, token string, fence uint64, lost func(error)) (stop func()) {
 	b.mu.Lock()
 	o := b.owned[token]
@@ -102,12 +114,18 @@ func (b *Backend) NotifyLoss(key, token string, fence uint64, lost func(error)) 
 	if o == nil || b.closed.Load() {
 		return func() {}
 	}
+	select {
+	case b.lossWatches <- struct{}{}:
+	default:
+		return func() {} // the renewals will tell
+	}
 	name, sess := o.key, o.session
 	// stop does not cancel the query in flight: that would close its
 	// connection (HTTP/1.1), one per lease. A release changes the entry,
 	// which ends the query at once; Close cancels the rest.
 	var stopped atomic.Bool
 	b.bg.Go(func() {
+		defer func() { <-b.lossWatches }()
 		index := fence
 		for !stopped.Load() {
 			kv, meta, err := b.cli.KV().Get(name, (&api.QueryOptions{WaitIndex: index, WaitTime: waitTime}).WithContext(b.ctx))
