@@ -63,7 +63,7 @@ func (s *suite) giveUpUnderLoad(t *testing.T) {
 			}
 			defer ld.Undelay(context.Background(), unguarded(b))
 		}
-		t.Logf("one link of every client delayed %v each way", delay)
+		t.Logf("one link of every client delayed %v each way (all of a client that has one)", delay)
 	} else if dl, ok := s.h.(Delayer); ok {
 		if err := dl.Delay(ctx, unguarded(backends[0]), delay); err != nil {
 			t.Fatalf("Delay: %v", err)
