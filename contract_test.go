@@ -76,22 +76,8 @@ func TestBrokenGrantIsNotALease(t *testing.T) {
 // A handover with fence 0 is not taken: the waiting Acquire returns
 // ErrBackendContract, and the handed token is released.
 func TestBrokenHandoverIsNotALease(t *testing.T) {
-	store := memory.New()
-	q := &queuing{remoteLike: remoteLike{&probe{Backend: store}}}
-	c, err := lock.New(q, lock.WithTTL(2*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, q := queuingOnHeldKey(t, lock.WithTTL(2*time.Second))
 	ctx := context.Background()
-	holder, err := lock.New(store)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Close()
-	if _, err := holder.Acquire(ctx, "k"); err != nil {
-		t.Fatal(err)
-	}
 	got := make(chan error, 1)
 	go func() {
 		l, err := c.Acquire(ctx, "k")
@@ -100,13 +86,7 @@ func TestBrokenHandoverIsNotALease(t *testing.T) {
 		}
 		got <- err
 	}()
-	var p *fakePlace
-	until(t, "the waiter queued", func() bool {
-		q.mu.Lock()
-		p = q.place
-		q.mu.Unlock()
-		return p != nil && len(p.queued()) == 1
-	})
+	p := q.queuedPlace(t)
 	tok := p.queued()[0]
 	p.hand(tok, 0, time.Now())
 	if err := <-got; !errors.Is(err, lock.ErrBackendContract) || !strings.Contains(err.Error(), "handover") {

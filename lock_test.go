@@ -995,6 +995,43 @@ func (p *fakePlace) hand(token string, fence uint64, since time.Time) {
 	}
 }
 
+// queuingOnHeldKey returns a client with opts over a queuing backend, and
+// the backend, whose store has the key "k" held by another client; both
+// clients are closed at the end of the test.
+func queuingOnHeldKey(t *testing.T, opts ...lock.Option) (*lock.Client, *queuing) {
+	t.Helper()
+	store := memory.New()
+	q := &queuing{remoteLike: remoteLike{&probe{Backend: store}}}
+	c, err := lock.New(q, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	holder, err := lock.New(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { holder.Close() })
+	if _, err := holder.Acquire(context.Background(), "k"); err != nil {
+		t.Fatal(err)
+	}
+	return c, q
+}
+
+// queuedPlace waits for the place of a waiter whose first attempt the
+// store queued, and returns it.
+func (q *queuing) queuedPlace(t *testing.T) *fakePlace {
+	t.Helper()
+	var p *fakePlace
+	until(t, "the waiter queued", func() bool {
+		q.mu.Lock()
+		p = q.place
+		q.mu.Unlock()
+		return p != nil && len(p.queued()) == 1
+	})
+	return p
+}
+
 // queued returns the tokens the place queued so far.
 func (p *fakePlace) queued() []string {
 	p.mu.Lock()
@@ -1007,23 +1044,8 @@ func (p *fakePlace) queued() []string {
 // the store reports, and leaves a lock handed with no validity left to its
 // next attempt.
 func TestHandedLocks(t *testing.T) {
-	store := memory.New()
-	q := &queuing{remoteLike: remoteLike{&probe{Backend: memory.New()}}}
-	q.remoteLike.probe.Backend = store
-	c, err := lock.New(q, lock.WithTTL(2*time.Second), lock.WithAutoRenew(false))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, q := queuingOnHeldKey(t, lock.WithTTL(2*time.Second), lock.WithAutoRenew(false))
 	ctx := context.Background()
-	holder, err := lock.New(store)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Close()
-	if _, err := holder.Acquire(ctx, "k"); err != nil {
-		t.Fatal(err)
-	}
 	type result struct {
 		l   *lock.Lease
 		err error
@@ -1033,13 +1055,7 @@ func TestHandedLocks(t *testing.T) {
 		l, err := c.Acquire(ctx, "k")
 		got <- result{l, err}
 	}()
-	var p *fakePlace
-	until(t, "the waiter queued", func() bool {
-		q.mu.Lock()
-		p = q.place
-		q.mu.Unlock()
-		return p != nil && len(p.queued()) == 1
-	})
+	p := q.queuedPlace(t)
 	// A token that is not the waiter's: ignored; the waiter tries again.
 	p.hand("0123456789abcdef0123456789abcdef", 7, time.Now())
 	until(t, "the waiter's next attempt", func() bool { return len(p.queued()) == 2 })
