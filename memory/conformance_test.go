@@ -95,6 +95,8 @@ var flawSwitches = map[string]func(*flaws){
 	"transfer-forgets":      func(f *flaws) { f.transferForgets = true },
 	"transfer-keeps-expiry": func(f *flaws) { f.transferKeepsExpiry = true },
 	"short-keys":            func(f *flaws) { f.shortKeys = true },
+	"fold-keys":             func(f *flaws) { f.foldKeys = true },
+	"clean-keys":            func(f *flaws) { f.cleanKeys = true },
 	// Flaws of package lock itself, on a correct store.
 	"deadline-from-reply":      func(*flaws) { libflaw.DeadlineFromReply = true },
 	"zero-drift":               func(*flaws) { libflaw.ZeroDrift = true },
@@ -173,6 +175,8 @@ func TestSuiteCatchesFlaws(t *testing.T) {
 		{"transfer-forgets", []string{"Transfer"}, true},
 		{"transfer-keeps-expiry", []string{"Transfer"}, true},
 		{"short-keys", []string{"KeyShapes"}, true},
+		{"fold-keys", []string{"KeyShapes"}, true},
+		{"clean-keys", []string{"KeyShapes"}, true},
 		{"deadline-from-reply", []string{"DeadlineFromSend"}, true},
 		{"zero-drift", []string{"DeadlineFromSend"}, true},
 		{"renew-longer-ttl", []string{"DeadlineFromSend"}, true},

@@ -1,7 +1,9 @@
 package memory
 
 import (
+	"path"
 	"runtime"
+	"strings"
 	"time"
 
 	"github.com/distlock/lock/backend"
@@ -31,12 +33,19 @@ type flaws struct {
 	transferForgets     bool // a transfer forgets that an owner elsewhere waits
 	transferKeepsExpiry bool // a transfer keeps the previous expiry instead of the new TTL
 	shortKeys           bool // keys are stored cut to 64 bytes, as in a column too short
+	foldKeys            bool // keys are stored lower-cased, as under a case-insensitive collation
+	cleanKeys           bool // keys are stored as cleaned paths, as behind an HTTP router
 }
 
 // storedKey returns key as the store keeps it.
 func (f *flaws) storedKey(key string) string {
-	if f.shortKeys && len(key) > 64 {
+	switch {
+	case f.shortKeys && len(key) > 64:
 		return key[:64]
+	case f.foldKeys:
+		return strings.ToLower(key)
+	case f.cleanKeys:
+		return path.Clean(key)
 	}
 	return key
 }
