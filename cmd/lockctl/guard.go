@@ -131,9 +131,23 @@ func guardMain(args []string) int {
 		fmt.Fprintf(os.Stderr, "lockctl run: guard: %v\n", err)
 		return exitBackend
 	}
-	if timer.passed() {
-		writeReport(report, reportDeadline, 0)
-		return exitLost
+	// A guard slow to start (a loaded machine) may find the first
+	// deadline passed, and later ones that lockctl sent meanwhile after
+	// renewals (see startGroup) waiting in the pipe: the latest counts.
+	// The command starts only before a deadline lockctl sent.
+	for timer.passed() {
+		if !pending(deadlineFD) {
+			writeReport(report, reportDeadline, 0)
+			return exitLost
+		}
+		d, err := readDeadline(deadlines)
+		if err != nil {
+			return exitBackend // lockctl is gone
+		}
+		if err := timer.set(d); err != nil {
+			fmt.Fprintf(os.Stderr, "lockctl run: guard: %v\n", err)
+			return exitBackend
+		}
 	}
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
@@ -188,6 +202,13 @@ func guardMain(args []string) int {
 		writeReport(report, reportDeadline, 0)
 	}
 	return exitStatus(cmd.ProcessState)
+}
+
+// pending reports whether fd has bytes to read now.
+func pending(fd int) bool {
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds, 0)
+	return err == nil && n > 0 && fds[0].Revents&unix.POLLIN != 0
 }
 
 // startFailure is the shell's status for a command that could not start:
@@ -334,9 +355,11 @@ type guardExit struct {
 }
 
 // startGroup starts the guard, which starts command in a new process
-// group once it has deadline, the lease's deadline; startGroup returns
-// when the command runs, or could not start.
-func startGroup(command []string, env []string, stdin io.Reader, stdout, stderr io.Writer, deadline time.Time) (*group, error) {
+// group once it has a deadline, the lease's (deadline reads it);
+// startGroup returns when the command runs, or could not start. Until
+// then it tells the guard each later deadline (the lease renews
+// meanwhile), so that a guard slow to start finds one that has not passed.
+func startGroup(command []string, env []string, stdin io.Reader, stdout, stderr io.Writer, deadline func() time.Time) (*group, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("finding lockctl's own executable to start the command under: %w", err)
@@ -356,7 +379,7 @@ func startGroup(command []string, env []string, stdin io.Reader, stdout, stderr 
 	}
 	g := &group{deadlines: dw, exited: make(chan guardExit, 1)}
 	// Before the guard starts: it starts the command only with a deadline.
-	if err := g.tell(deadline); err != nil {
+	if err := g.tell(deadline()); err != nil {
 		dw.Close()
 		rr.Close()
 		rw.Close()
@@ -380,8 +403,27 @@ func startGroup(command []string, env []string, stdin io.Reader, stdout, stderr 
 		return nil, err
 	}
 	g.cmd = cmd
+	stopTelling, told := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(told)
+		t := time.NewTicker(10 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stopTelling:
+				return
+			case <-t.C:
+				if d := deadline(); d.After(g.told) && g.tell(d) != nil {
+					return
+				}
+			}
+		}
+	}()
+	kind, value, err := readReport(rr)
+	close(stopTelling)
+	<-told
 	atDeadline := false
-	switch kind, value, err := readReport(rr); {
+	switch {
 	case err != nil: // the command did not start; the guard said why
 	case kind == reportStarted:
 		g.pgid = int(value)

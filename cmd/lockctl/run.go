@@ -162,7 +162,7 @@ func (e *environment) runHolding(ctx context.Context, l *lock.Lease, command []s
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGTSTP, syscall.SIGCONT)
 	defer signal.Stop(sigs)
 
-	g, err := startGroup(command, env, os.Stdin, e.stdout, e.stderr, l.Deadline())
+	g, err := startGroup(command, env, os.Stdin, e.stdout, e.stderr, l.Deadline)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "lockctl run: %v\n", err)
 		release(ctx, l, min(l.TTL(), 5*time.Second))
