@@ -2,6 +2,7 @@ package lock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"slices"
@@ -20,8 +21,9 @@ import (
 type Opener func(ctx context.Context, u *url.URL) (backend.Backend, error)
 
 type registration struct {
-	params []string
-	open   Opener
+	params  []string
+	secrets []string
+	open    Opener
 }
 
 var (
@@ -32,26 +34,53 @@ var (
 // clientParams are the query parameters every scheme accepts.
 var clientParams = []string{"autorenew", "drift", "maxhold", "ttl"}
 
-// Register makes a backend available to Open under scheme. params lists the
-// query parameters the backend accepts besides the client's own. Backend
-// packages call it from init. Like database/sql.Register, it panics when
-// scheme is empty, already registered, or open is nil: those are mistakes in
-// the program, not in its input.
+// Scheme describes a URL scheme for RegisterScheme.
+type Scheme struct {
+	// Name is the scheme, such as "redis".
+	Name string
+	// Params lists the query parameters the backend accepts besides the
+	// client's own (ttl, drift, maxhold, autorenew).
+	Params []string
+	// Secrets lists the parameters of Params whose values are secrets:
+	// RedactURL and every error of Open hide them. A parameter whose
+	// name contains pass, token, secret, auth or credential is hidden
+	// whether listed or not.
+	Secrets []string
+	// Open builds the backend.
+	Open Opener
+}
+
+// Register makes a backend available to Open under scheme: it is
+// RegisterScheme(Scheme{Name: scheme, Params: params, Open: open}).
 func Register(scheme string, params []string, open Opener) {
+	RegisterScheme(Scheme{Name: scheme, Params: params, Open: open})
+}
+
+// RegisterScheme makes a backend available to Open under s.Name. Backend
+// packages call it from init. Like database/sql.Register, it panics when
+// the name is empty or already registered, Open is nil, a parameter is one
+// of the client's, or a secret is not a parameter: those are mistakes in
+// the program, not in its input.
+func RegisterScheme(s Scheme) {
 	registryMu.Lock()
 	defer registryMu.Unlock()
-	if scheme == "" || open == nil {
+	if s.Name == "" || s.Open == nil {
 		panic("lock: Register needs a scheme and an opener")
 	}
-	if _, dup := registry[scheme]; dup {
-		panic("lock: Register called twice for scheme " + scheme)
+	if _, dup := registry[s.Name]; dup {
+		panic("lock: Register called twice for scheme " + s.Name)
 	}
-	for _, p := range params {
+	for _, p := range s.Params {
 		if slices.Contains(clientParams, p) {
 			panic("lock: Register: parameter " + p + " is reserved for the client")
 		}
 	}
-	registry[scheme] = registration{params: slices.Clone(params), open: open}
+	for _, p := range s.Secrets {
+		if !slices.Contains(s.Params, p) {
+			panic("lock: Register: secret " + p + " is not a parameter of scheme " + s.Name)
+		}
+	}
+	registry[s.Name] = registration{params: slices.Clone(s.Params), secrets: slices.Clone(s.Secrets), open: s.Open}
 }
 
 // Schemes returns the registered URL schemes, sorted.
@@ -77,12 +106,28 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Client, error) {
 	if ctx == nil {
 		return nil, invalid(ErrInvalid, "Open: nil context")
 	}
+	c, err := open(ctx, rawURL, opts)
+	if err != nil {
+		return nil, &openError{url: RedactURL(rawURL), err: err, msg: scrub(strings.TrimPrefix(err.Error(), "lock: "), rawURL)}
+	}
+	return c, nil
+}
+
+// open is Open; its errors may quote rawURL, Open redacts them.
+func open(ctx context.Context, rawURL string, opts []Option) (*Client, error) {
 	u, err := url.Parse(rawURL)
-	if err != nil || u.Scheme == "" {
-		if err == nil {
-			err = fmt.Errorf("%q has no scheme", rawURL)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // url.Error quotes the whole URL; Open shows it redacted
 		}
-		return nil, invalid(ErrInvalid, "Open: %v; want SCHEME://ADDRESS with a registered scheme (%s)", err, strings.Join(Schemes(), ", "))
+		return nil, invalid(ErrInvalid, "not a URL: %v; want SCHEME://ADDRESS with a registered scheme (%s)", err, strings.Join(Schemes(), ", "))
+	}
+	if u.Scheme == "" {
+		return nil, invalid(ErrInvalid, "no scheme; want SCHEME://ADDRESS with a registered scheme (%s)", strings.Join(Schemes(), ", "))
+	}
+	if u.Fragment != "" || strings.Contains(rawURL, "#") {
+		return nil, invalid(ErrInvalid, "the URL has a fragment (#...), which no backend reads; escape a '#' in a value as %%23")
 	}
 	registryMu.RLock()
 	s, ok := registry[u.Scheme]
@@ -93,35 +138,28 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Client, error) {
 		if len(known) > 0 {
 			hint = "registered: " + strings.Join(known, ", ") + " (forgotten import?)"
 		}
-		return nil, fmt.Errorf("%w %q in %q; %s", ErrUnknownScheme, u.Scheme, u.Redacted(), hint)
+		return nil, fmt.Errorf("%w %q; %s", ErrUnknownScheme, u.Scheme, hint)
 	}
-
-	query := u.Query()
+	query, err := parseQuery(u.RawQuery, u.Scheme, s.params)
+	if err != nil {
+		return nil, err
+	}
 	var fromURL []Option
-	for name, values := range query {
-		if !slices.Contains(s.params, name) && !slices.Contains(clientParams, name) {
-			valid := append(slices.Clone(clientParams), s.params...)
-			sort.Strings(valid)
-			return nil, invalid(ErrInvalidOption, "Open: unknown query parameter %q for scheme %s; valid: %s", name, u.Scheme, strings.Join(valid, ", "))
+	for _, name := range clientParams {
+		if v, ok := query[name]; ok {
+			o, err := parseClientParam(name, v[0])
+			if err != nil {
+				return nil, err
+			}
+			fromURL = append(fromURL, o)
+			query.Del(name)
 		}
-		if !slices.Contains(clientParams, name) {
-			continue
-		}
-		if len(values) != 1 {
-			return nil, invalid(ErrInvalidOption, "Open: query parameter %q given %d times; give it once", name, len(values))
-		}
-		o, err := parseClientParam(name, values[0])
-		if err != nil {
-			return nil, err
-		}
-		fromURL = append(fromURL, o)
-		query.Del(name)
 	}
 	bu := *u
 	bu.RawQuery = query.Encode()
 	b, err := s.open(ctx, &bu)
 	if err != nil {
-		return nil, &openError{url: u.Redacted(), err: err}
+		return nil, err
 	}
 	c, err := New(b, append(fromURL, opts...)...)
 	if err != nil {
@@ -129,6 +167,46 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Client, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// parseQuery parses a URL's query strictly: each parameter is name=value
+// separated by '&', with valid escapes, given once, and one of the
+// client's or the scheme's params. The values of secret parameters are
+// never quoted.
+func parseQuery(raw, scheme string, params []string) (url.Values, error) {
+	q := url.Values{}
+	if raw == "" {
+		return q, nil
+	}
+	valid := func() string {
+		v := append(slices.Clone(clientParams), params...)
+		sort.Strings(v)
+		return strings.Join(v, ", ")
+	}
+	for i, part := range strings.Split(raw, "&") {
+		rawName, rawValue, hasValue := strings.Cut(part, "=")
+		name, err := url.QueryUnescape(rawName)
+		switch {
+		case part == "":
+			return nil, invalid(ErrInvalidOption, "malformed query: parameter %d is empty (an extra '&'?); want name=value pairs separated by '&'", i+1)
+		case err != nil:
+			return nil, invalid(ErrInvalidOption, "malformed query: parameter %d has a bad escape in its name; escape '%%' as %%25", i+1)
+		case !slices.Contains(params, name) && !slices.Contains(clientParams, name):
+			return nil, invalid(ErrInvalidOption, "unknown query parameter %q for scheme %s; valid: %s", name, scheme, valid())
+		case !hasValue:
+			return nil, invalid(ErrInvalidOption, "query parameter %q has no value; want %s=VALUE", name, name)
+		case strings.Contains(rawValue, ";"):
+			return nil, invalid(ErrInvalidOption, "query parameter %q: its value has a ';'; separate parameters with '&' (escape a ';' in a value as %%3B)", name)
+		case q.Has(name):
+			return nil, invalid(ErrInvalidOption, "query parameter %q given more than once; give it once", name)
+		}
+		value, err := url.QueryUnescape(rawValue)
+		if err != nil {
+			return nil, invalid(ErrInvalidOption, "query parameter %q: its value has a bad escape; escape '%%' as %%25", name)
+		}
+		q.Set(name, value)
+	}
+	return q, nil
 }
 
 func parseClientParam(name, value string) (Option, error) {
@@ -153,15 +231,15 @@ func parseClientParam(name, value string) (Option, error) {
 	}
 }
 
-// openError is a backend's failure to open a URL, said once with the
-// package's prefix even when the backend's own error carries it too.
+// openError is a failure to open a URL, said once with the package's
+// prefix even when the backend's own error carries it too, with the URL
+// redacted and every secret of it scrubbed from the message (msg).
 type openError struct {
 	url string
+	msg string
 	err error
 }
 
-func (e *openError) Error() string {
-	return "lock: Open " + e.url + ": " + strings.TrimPrefix(e.err.Error(), "lock: ")
-}
+func (e *openError) Error() string { return "lock: Open " + e.url + ": " + e.msg }
 
 func (e *openError) Unwrap() error { return e.err }

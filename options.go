@@ -67,13 +67,22 @@ func DefaultDrift(ttl time.Duration) time.Duration {
 	return ttl/100 + 2*time.Millisecond
 }
 
+// MaxTTL is the longest TTL package lock accepts, on every backend (a
+// backend may accept less: Capabilities.MaxTTL). A lock whose holder
+// crashed blocks its key for the TTL, and a lease is kept alive by
+// renewal, not by a long TTL; past a year, a TTL is a mistake (a unit
+// typed wrong), and near time.Duration's limit the stores' own arithmetic
+// overflows (a Redis expiry in the past, an etcd lease of 1s).
+const MaxTTL = 365 * 24 * time.Hour
+
 // WithTTL sets how long the store keeps a lock without renewal. Valid: > 0,
-// at least the backend's minimum, and longer than the drift allowance.
+// at most MaxTTL, within the backend's minimum and maximum, and longer
+// than the drift allowance.
 func WithTTL(ttl time.Duration) Option {
 	return func(c *config) {
-		if ttl <= 0 {
+		if ttl <= 0 || ttl > MaxTTL {
 			if c.err == nil {
-				c.err = invalid(ErrInvalidTTL, "WithTTL(%v): the TTL must be > 0", ttl)
+				c.err = invalid(ErrInvalidTTL, "WithTTL(%v): the TTL must be > 0 and at most %v (MaxTTL)", ttl, MaxTTL)
 			}
 			return
 		}

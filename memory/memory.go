@@ -729,6 +729,9 @@ func init() {
 		if u.RawQuery != "" {
 			return nil, fmt.Errorf("%w: mem: unexpected query %q", backend.ErrInvalid, u.RawQuery)
 		}
+		if u.User != nil {
+			return nil, fmt.Errorf("%w: mem: a memory store takes no user or password; want mem://NAME", backend.ErrInvalid)
+		}
 		name := u.Host + u.Path
 		if u.Opaque != "" {
 			name = u.Opaque
