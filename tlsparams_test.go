@@ -3,7 +3,6 @@ package lock_test
 import (
 	"crypto/tls"
 	"errors"
-	"net"
 	"net/url"
 	"testing"
 
