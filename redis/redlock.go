@@ -14,6 +14,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/distlock/lock"
 	"github.com/distlock/lock/backend"
 )
 
@@ -147,8 +148,11 @@ func NewRedlock(nodes []Client, opts ...Option) (*Redlock, error) {
 	if o.nodeTimeout < 0 {
 		return nil, fmt.Errorf("%w: redis: node timeout %v must be >= 0 (0: derived from the TTL)", backend.ErrInvalid, o.nodeTimeout)
 	}
-	if o.maxTTL < MinTTL {
-		return nil, fmt.Errorf("%w: redis: maximum TTL %v must be at least %v", backend.ErrInvalid, o.maxTTL, MinTTL)
+	if o.maxTTL < MinTTL || o.maxTTL > lock.MaxTTL {
+		return nil, fmt.Errorf("%w: redis: maximum TTL %v must be at least %v and at most %v (lock.MaxTTL)", backend.ErrInvalid, o.maxTTL, MinTTL, lock.MaxTTL)
+	}
+	if o.nodeTimeout > o.maxTTL {
+		return nil, fmt.Errorf("%w: redis: node timeout %v must be at most the maximum TTL %v (WithMaxTTL): a node's request may not outlast every lease", backend.ErrInvalid, o.nodeTimeout, o.maxTTL)
 	}
 	batch := make([]*batcher, len(nodes))
 	for i, n := range nodes {

@@ -2,11 +2,12 @@ package redis
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"maps"
 	"net"
 	"net/url"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -18,14 +19,15 @@ import (
 	"github.com/distlock/lock/backend"
 )
 
-// goredisParams are the query parameters go-redis's ParseURL accepts.
+// goredisParams are the query parameters of go-redis's ParseURL that
+// this package hands on to it (skip_verify is one of lock.TLSParams).
 var goredisParams = []string{
 	"client_name", "conn_max_idle_time", "conn_max_lifetime", "conn_max_lifetime_jitter",
 	"db", "dial_timeout", "idle_timeout", "max_active_conns", "max_concurrent_dials",
 	"max_conn_age", "max_idle_conns", "max_retries", "max_retry_backoff", "min_idle_conns",
 	"min_retry_backoff", "pipeline_pool_size", "pipeline_read_buffer_size",
 	"pipeline_write_buffer_size", "pool_fifo", "pool_size", "pool_timeout", "protocol",
-	"read_timeout", "skip_verify", "write_timeout",
+	"read_timeout", "write_timeout",
 }
 
 // clusterParams are the query parameters go-redis's ParseClusterURL accepts
@@ -43,16 +45,29 @@ var clusterParams = []string{
 // that make sense for locks: those that send commands to replicas
 // (replica_only, route_by_latency, route_randomly,
 // use_disconnected_replicas) are left out, since a lock is written on the
-// master, and context_timeout_enabled is always on.
+// master, and context_timeout_enabled is always on. username and password
+// (the master's) are taken out before go-redis parses the URL.
 var sentinelParams = []string{
 	"addr", "client_name", "conn_max_idle_time", "conn_max_lifetime", "conn_max_lifetime_jitter",
 	"db", "dial_timeout", "dialer_retries", "dialer_retry_timeout", "master_name",
 	"max_active_conns", "max_concurrent_dials", "max_idle_conns", "max_retries",
-	"max_retry_backoff", "min_idle_conns", "min_retry_backoff", "password",
+	"max_retry_backoff", "min_idle_conns", "min_retry_backoff",
 	"pipeline_pool_size", "pipeline_read_buffer_size", "pipeline_write_buffer_size",
-	"pool_fifo", "pool_size", "pool_timeout", "protocol", "read_timeout", "skip_verify",
-	"username", "write_timeout",
+	"pool_fifo", "pool_size", "pool_timeout", "protocol", "read_timeout", "write_timeout",
 }
+
+// redlockParams are the query parameters of redlock:// and redlocks://
+// besides ownParams, credParams and lock.TLSParams.
+var redlockParams = []string{"allowfewnodes", "db", "maxttl", "nodetimeout"}
+
+// credParams are the parameters that give the servers' user name and
+// password, as an alternative to the URL's userinfo (on a Sentinel URL:
+// the master's; the userinfo and sentinelCredParams are the Sentinels').
+var credParams = []string{"username", "password"}
+
+// sentinelCredParams give the Sentinels' user name and password, as an
+// alternative to a Sentinel URL's userinfo.
+var sentinelCredParams = []string{"sentinel_username", "sentinel_password"}
 
 // noMaintNotifications turns off go-redis's maintenance notifications
 // (a Redis Enterprise feature) in the clients this package creates: their
@@ -72,24 +87,111 @@ const oneDial = 1
 // ownParams are this backend's query parameters, on every scheme.
 var ownParams = []string{"durablefence", "prefix", "slotfences"}
 
+// params joins lists of query parameters.
+func params(lists ...[]string) []string {
+	var out []string
+	for _, l := range lists {
+		out = append(out, l...)
+	}
+	return out
+}
+
 func init() {
-	single := append(append([]string(nil), goredisParams...), ownParams...)
-	for _, scheme := range []string{"redis", "rediss", "unix"} {
-		lock.Register(scheme, single, openSingle)
-	}
-	lock.Register("redlock", append([]string{"allowfewnodes", "db", "maxttl", "nodetimeout", "password", "username"}, ownParams...), openRedlock)
-	for _, scheme := range []string{"redis+cluster", "rediss+cluster"} {
-		lock.Register(scheme, append(slices.Clone(clusterParams), ownParams...), openCluster)
-	}
-	for _, scheme := range []string{"redis+sentinel", "rediss+sentinel"} {
-		lock.Register(scheme, append(slices.Clone(sentinelParams), ownParams...), openSentinel)
+	single := params(goredisParams, ownParams, credParams, lock.TLSParams)
+	cluster := params(clusterParams, ownParams, credParams, lock.TLSParams)
+	sentinel := params(sentinelParams, ownParams, credParams, sentinelCredParams, lock.TLSParams)
+	redlock := params(redlockParams, ownParams, credParams, lock.TLSParams)
+	for _, s := range []lock.Scheme{
+		{Name: "redis", Params: single, Secrets: []string{"password"}, Open: openSingle},
+		{Name: "rediss", Params: single, Secrets: []string{"password"}, Open: openSingle},
+		{Name: "unix", Params: single, Secrets: []string{"password"}, Open: openSingle},
+		{Name: "redis+cluster", Params: cluster, Secrets: []string{"password"}, Open: openCluster},
+		{Name: "rediss+cluster", Params: cluster, Secrets: []string{"password"}, Open: openCluster},
+		{Name: "redis+sentinel", Params: sentinel, Secrets: []string{"password", "sentinel_password"}, Open: openSentinel},
+		{Name: "rediss+sentinel", Params: sentinel, Secrets: []string{"password", "sentinel_password"}, Open: openSentinel},
+		{Name: "redlock", Params: redlock, Secrets: []string{"password"}, Open: openRedlock},
+		{Name: "redlocks", Params: redlock, Secrets: []string{"password"}, Open: openRedlock},
+	} {
+		lock.RegisterScheme(s)
 	}
 }
 
+// speaksTLS reports whether scheme is one of the TLS schemes: rediss,
+// rediss+cluster, rediss+sentinel and redlocks.
+func speaksTLS(scheme string) bool {
+	return strings.HasPrefix(scheme, "rediss") || scheme == "redlocks"
+}
+
+// tlsTwin returns the TLS scheme to use instead of the plain scheme.
+func tlsTwin(scheme string) string {
+	switch scheme {
+	case "redlock":
+		return "redlocks"
+	case "unix":
+		return "rediss"
+	}
+	return strings.Replace(scheme, "redis", "rediss", 1)
+}
+
+// takeTLS removes lock.TLSParams from q and returns the TLS configuration
+// they ask for on scheme: nil on a plain scheme, which refuses them
+// (naming the parameter and the TLS scheme to use). The configuration's
+// ServerName is empty unless server_name sets it: the TLS dialer then
+// verifies the host of each address it dials, so that every node of a
+// Cluster, a Sentinel set or a Redlock is checked under its own name.
+func takeTLS(scheme string, q url.Values) (*tls.Config, error) {
+	cfg, err := lock.TLSConfig(q, speaksTLS(scheme), tlsTwin(scheme))
+	for _, p := range lock.TLSParams {
+		q.Del(p)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// credentials returns the user name and password of u: from its userinfo,
+// or from the query parameters userParam and passParam, which it removes
+// from q. Both at once is an error.
+func credentials(u *url.URL, q url.Values, userParam, passParam string) (user, pass string, err error) {
+	fromQuery := q.Has(userParam) || q.Has(passParam)
+	user, pass = q.Get(userParam), q.Get(passParam)
+	q.Del(userParam)
+	q.Del(passParam)
+	if u.User == nil {
+		return user, pass, nil
+	}
+	if fromQuery {
+		return "", "", fmt.Errorf("%w: redis: the URL gives credentials twice, in its userinfo (user:password@) and as %s or %s; give them one way", backend.ErrInvalid, userParam, passParam)
+	}
+	pass, _ = u.User.Password()
+	return u.User.Username(), pass, nil
+}
+
+// goredisURL returns u with query q and without its userinfo, for
+// go-redis's parsers: the credentials are set on the options afterwards,
+// so that no error of go-redis's can quote them.
+func goredisURL(u *url.URL, q url.Values) string {
+	gu := *u
+	gu.User = nil
+	gu.RawQuery = q.Encode()
+	return gu.String()
+}
+
+// goredisParseError wraps an error of go-redis's URL parsers in
+// backend.ErrInvalid, without url.Parse's quote of the whole URL.
+func goredisParseError(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	return fmt.Errorf("%w: %v", backend.ErrInvalid, err)
+}
+
 // goredisMultiURL turns a URL of this package's multi-host form,
-// SCHEME+KIND://[user:password@]host1:port,host2:port[/db][?query], into
-// go-redis's form, SCHEME://[user:password@]host1:port[/db]?addr=host2:port
-// with query q; hosts without a port get defaultPort.
+// SCHEME+KIND://host1:port,host2:port[/db][?query], into go-redis's form,
+// SCHEME://host1:port[/db]?addr=host2:port with query q and without
+// userinfo; hosts without a port get defaultPort.
 func goredisMultiURL(u *url.URL, q url.Values, kind, defaultPort, example string) (string, error) {
 	if u.Host == "" {
 		return "", fmt.Errorf("%w: redis: %s URL names no nodes; want %s", backend.ErrInvalid, kind, example)
@@ -109,8 +211,7 @@ func goredisMultiURL(u *url.URL, q url.Values, kind, defaultPort, example string
 	gu := *u
 	gu.Scheme = strings.TrimSuffix(u.Scheme, "+"+kind)
 	gu.Host = hosts[0]
-	gu.RawQuery = q.Encode()
-	return gu.String(), nil
+	return goredisURL(&gu, q), nil
 }
 
 // openCluster opens a Redis Cluster: redis+cluster://host1:port,host2:port
@@ -118,6 +219,14 @@ func goredisMultiURL(u *url.URL, q url.Values, kind, defaultPort, example string
 func openCluster(_ context.Context, u *url.URL) (backend.Backend, error) {
 	installGoRedisLogger()
 	opts, q, err := takeOwnParams(u)
+	if err != nil {
+		return nil, err
+	}
+	tlsConfig, err := takeTLS(u.Scheme, q)
+	if err != nil {
+		return nil, err
+	}
+	user, pass, err := credentials(u, q, "username", "password")
 	if err != nil {
 		return nil, err
 	}
@@ -130,27 +239,42 @@ func openCluster(_ context.Context, u *url.URL) (backend.Backend, error) {
 	}
 	o, err := goredis.ParseClusterURL(gu)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", backend.ErrInvalid, err)
+		return nil, goredisParseError(err)
 	}
+	o.Username, o.Password = user, pass
+	o.TLSConfig = tlsConfig
 	o.ContextTimeoutEnabled = true
 	if !q.Has("dialer_retries") {
 		o.DialerRetries = oneDial
 	}
-	o.Dialer = ownedDialer(o.TLSConfig)
+	o.Dialer = ownedDialer(tlsConfig)
 	o.MaintNotificationsConfig = noMaintNotifications()
 	return New(goredis.NewClusterClient(o), opts...), nil
 }
 
 // openSentinel opens the master that Redis Sentinel names:
 // redis+sentinel://sentinel1:26379,sentinel2:26379[/db]?master_name=NAME
-// (rediss+sentinel:// with TLS); the URL's user and password are the
-// Sentinels', the parameters username and password the master's.
+// (rediss+sentinel:// with TLS, to the Sentinels and the master); the
+// URL's user and password (or the parameters sentinel_username and
+// sentinel_password) are the Sentinels', the parameters username and
+// password the master's.
 func openSentinel(_ context.Context, u *url.URL) (backend.Backend, error) {
 	installGoRedisLogger()
 	opts, q, err := takeOwnParams(u)
 	if err != nil {
 		return nil, err
 	}
+	tlsConfig, err := takeTLS(u.Scheme, q)
+	if err != nil {
+		return nil, err
+	}
+	sentinelUser, sentinelPass, err := credentials(u, q, "sentinel_username", "sentinel_password")
+	if err != nil {
+		return nil, err
+	}
+	masterUser, masterPass := q.Get("username"), q.Get("password")
+	q.Del("username")
+	q.Del("password")
 	const example = "redis+sentinel://sentinel1:26379,sentinel2:26379?master_name=mymaster"
 	if q.Get("master_name") == "" {
 		return nil, fmt.Errorf("%w: redis: a Sentinel URL needs master_name, the name the Sentinels monitor; want %s", backend.ErrInvalid, example)
@@ -161,13 +285,16 @@ func openSentinel(_ context.Context, u *url.URL) (backend.Backend, error) {
 	}
 	o, err := goredis.ParseFailoverURL(gu)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", backend.ErrInvalid, err)
+		return nil, goredisParseError(err)
 	}
+	o.SentinelUsername, o.SentinelPassword = sentinelUser, sentinelPass
+	o.Username, o.Password = masterUser, masterPass
+	o.TLSConfig = tlsConfig
 	o.ContextTimeoutEnabled = true
 	if !q.Has("dialer_retries") {
 		o.DialerRetries = oneDial
 	}
-	o.Dialer = ownedDialer(o.TLSConfig)
+	o.Dialer = ownedDialer(tlsConfig)
 	return New(goredis.NewFailoverClient(o), opts...), nil
 }
 
@@ -199,66 +326,99 @@ func takeOwnParams(u *url.URL) ([]Option, url.Values, error) {
 	return opts, q, nil
 }
 
+// openSingle opens redis://, rediss:// and unix:// URLs.
 func openSingle(_ context.Context, u *url.URL) (backend.Backend, error) {
 	installGoRedisLogger()
 	opts, q, err := takeOwnParams(u)
 	if err != nil {
 		return nil, err
 	}
-	gu := *u
-	gu.RawQuery = q.Encode()
-	o, err := goredis.ParseURL(gu.String())
+	tlsConfig, err := takeTLS(u.Scheme, q)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", backend.ErrInvalid, err)
+		return nil, err
 	}
+	user, pass, err := credentials(u, q, "username", "password")
+	if err != nil {
+		return nil, err
+	}
+	o, err := goredis.ParseURL(goredisURL(u, q))
+	if err != nil {
+		return nil, goredisParseError(err)
+	}
+	o.Username, o.Password = user, pass
+	o.TLSConfig = tlsConfig
 	o.ContextTimeoutEnabled = true
 	o.DialerRetries = oneDial
-	o.Dialer = ownedDialer(o.TLSConfig)
+	o.Dialer = ownedDialer(tlsConfig)
 	o.MaintNotificationsConfig = noMaintNotifications()
 	return New(goredis.NewClient(o), opts...), nil
 }
 
+// redlockDurations returns the options that the parameters maxttl and
+// nodetimeout of a Redlock URL set, checked before anything is sent:
+// MinTTL <= maxttl <= lock.MaxTTL, and 0 < nodetimeout <= maxttl (a node
+// request that may outlast every lease bounds nothing).
+func redlockDurations(q url.Values) ([]Option, error) {
+	var opts []Option
+	maxTTL := DefaultMaxTTL
+	if v := q.Get("maxttl"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < MinTTL || d > lock.MaxTTL {
+			return nil, fmt.Errorf("%w: redis: maxttl=%q: want a Go duration of at least %v and at most %v (lock.MaxTTL), such as 1m", backend.ErrInvalid, v, MinTTL, lock.MaxTTL)
+		}
+		maxTTL = d
+		opts = append(opts, WithMaxTTL(d))
+	}
+	if v := q.Get("nodetimeout"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 || d > maxTTL {
+			return nil, fmt.Errorf("%w: redis: nodetimeout=%q: want a positive Go duration of at most maxttl (%v), such as 50ms", backend.ErrInvalid, v, maxTTL)
+		}
+		opts = append(opts, WithNodeTimeout(d))
+	}
+	return opts, nil
+}
+
+// openRedlock opens redlock:// and redlocks:// (every node over TLS).
 func openRedlock(ctx context.Context, u *url.URL) (backend.Backend, error) {
 	installGoRedisLogger()
+	example := u.Scheme + "://host1:port,host2:port,host3:port"
 	opts, q, err := takeOwnParams(u)
 	if err != nil {
 		return nil, err
 	}
+	tlsConfig, err := takeTLS(u.Scheme, q)
+	if err != nil {
+		return nil, err
+	}
+	user, pass, err := credentials(u, q, "username", "password")
+	if err != nil {
+		return nil, err
+	}
+	if strings.Trim(u.Path, "/") != "" {
+		return nil, fmt.Errorf("%w: redis: a %s URL takes no path (%q); give the database as db=N", backend.ErrInvalid, u.Scheme, u.Path)
+	}
 	hosts := strings.Split(u.Host, ",")
 	if u.Host == "" || len(hosts) == 0 {
-		return nil, fmt.Errorf("%w: redis: redlock URL names no nodes; want redlock://host1:port,host2:port,host3:port", backend.ErrInvalid)
+		return nil, fmt.Errorf("%w: redis: %s URL names no nodes; want %s", backend.ErrInvalid, u.Scheme, example)
 	}
 	base := goredis.Options{
 		ContextTimeoutEnabled:    true,
 		DialerRetries:            oneDial,
-		Dialer:                   ownedDialer(nil),
-		Username:                 q.Get("username"),
-		Password:                 q.Get("password"),
+		Username:                 user,
+		Password:                 pass,
 		MaintNotificationsConfig: noMaintNotifications(),
 	}
-	if u.User != nil {
-		base.Username = u.User.Username()
-		base.Password, _ = u.User.Password()
-	}
 	if v := q.Get("db"); v != "" {
-		if base.DB, err = strconv.Atoi(v); err != nil {
-			return nil, fmt.Errorf("%w: redis: db=%q: want a database number", backend.ErrInvalid, v)
+		if base.DB, err = strconv.Atoi(v); err != nil || base.DB < 0 {
+			return nil, fmt.Errorf("%w: redis: db=%q: want a database number (0 or more)", backend.ErrInvalid, v)
 		}
 	}
-	if v := q.Get("nodetimeout"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 {
-			return nil, fmt.Errorf("%w: redis: nodetimeout=%q: want a positive Go duration such as 50ms", backend.ErrInvalid, v)
-		}
-		opts = append(opts, WithNodeTimeout(d))
+	durations, err := redlockDurations(q)
+	if err != nil {
+		return nil, err
 	}
-	if v := q.Get("maxttl"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d < MinTTL {
-			return nil, fmt.Errorf("%w: redis: maxttl=%q: want a Go duration of at least %v, such as 1m", backend.ErrInvalid, v, MinTTL)
-		}
-		opts = append(opts, WithMaxTTL(d))
-	}
+	opts = append(opts, durations...)
 	if v, ok := q["allowfewnodes"]; ok {
 		on, err := strconv.ParseBool(v[0])
 		if err != nil {
@@ -269,7 +429,7 @@ func openRedlock(ctx context.Context, u *url.URL) (backend.Backend, error) {
 	addrs := make([]string, len(hosts))
 	for i, h := range hosts {
 		if h == "" {
-			return nil, fmt.Errorf("%w: redis: empty node in %q; want redlock://host1:port,host2:port,host3:port", backend.ErrInvalid, u.Host)
+			return nil, fmt.Errorf("%w: redis: empty node in %q; want %s", backend.ErrInvalid, u.Host, example)
 		}
 		if addrs[i], err = withPort(h); err != nil {
 			return nil, err
@@ -282,6 +442,13 @@ func openRedlock(ctx context.Context, u *url.URL) (backend.Backend, error) {
 	for _, a := range addrs {
 		o := base
 		o.Addr = a
+		if tlsConfig != nil {
+			// A configuration of its own per node: its ServerName
+			// stays empty unless server_name set it, and the TLS
+			// dialer verifies each node under its own host.
+			o.TLSConfig = tlsConfig.Clone()
+		}
+		o.Dialer = ownedDialer(o.TLSConfig)
 		nodes = append(nodes, goredis.NewClient(&o))
 	}
 	r, err := NewRedlock(nodes, opts...)

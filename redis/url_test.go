@@ -51,7 +51,7 @@ func TestOpenURLs(t *testing.T) {
 		}
 	}
 	bad := []struct{ url, want string }{
-		{"redis://" + srvs[0].Addr + "?colour=red", "valid: autorenew, client_name"},
+		{"redis://" + srvs[0].Addr + "?colour=red", "valid: autorenew, ca_file, cert_file, client_name"},
 		{"redis://" + srvs[0].Addr + "?durablefence=perhaps", "want true or false"},
 		{"redlock://?nodetimeout=1s", "names no nodes"},
 		{"redlock://" + srvs[0].Addr + "?nodetimeout=fast", "positive Go duration"},

@@ -6,6 +6,8 @@ package redistest
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -48,9 +50,12 @@ type Server struct {
 	// may rewrite)
 	extra    []string
 	sentinel bool
-	cmd      *exec.Cmd
-	exit     chan error
-	t        T
+	// tls, when set, makes the server listen with TLS only (port 0,
+	// tls-port port); ping and the clients of the helpers speak TLS to it
+	tls  *TLS
+	cmd  *exec.Cmd
+	exit chan error
+	t    T
 }
 
 // Binary returns the path of redis-server, or fails the test with how to get
@@ -71,12 +76,115 @@ func Binary(t T) string {
 // Start starts a redis-server with the given persistence mode.
 func Start(t T, mode string) *Server {
 	t.Helper()
+	return StartConfig(t, Config{Mode: mode})
+}
+
+// TLS is the TLS setup of a test server: it listens with TLS only, with
+// the certificate CertFile and its key KeyFile (such as testca's), and
+// trusts the CAs of CAFile for client certificates.
+type TLS struct {
+	CertFile, KeyFile, CAFile string
+	// AuthClients makes the server require a client certificate signed
+	// by CAFile (tls-auth-clients yes); else it asks for none.
+	AuthClients bool
+	// ClientCertFile and ClientKeyFile are the certificate the helpers
+	// (ping, Client, redis-cli) present when AuthClients is set.
+	ClientCertFile, ClientKeyFile string
+}
+
+// Config is a test server's configuration for StartConfig.
+type Config struct {
+	// Mode is the persistence mode (NoPersistence, AOFEverySecond,
+	// AOFAlways).
+	Mode string
+	// TLS, when set, makes the server speak TLS only.
+	TLS *TLS
+	// Extra are more redis.conf lines, such as "requirepass SECRET" or
+	// "user alice on >SECRET ~* &* +@all".
+	Extra []string
+}
+
+// StartConfig starts a redis-server configured by c. It is ready when it
+// answers PING (with PONG, or NOAUTH when it requires a password).
+func StartConfig(t T, c Config) *Server {
+	t.Helper()
 	Binary(t)
-	s := &Server{dir: t.TempDir(), mode: mode, t: t, port: freePort(t)}
+	s := &Server{dir: t.TempDir(), mode: c.Mode, t: t, port: freePort(t), tls: c.TLS, extra: c.Extra}
 	s.Addr = fmt.Sprintf("127.0.0.1:%d", s.port)
 	s.start()
 	t.Cleanup(s.kill)
 	return s
+}
+
+// StartTLS starts a redis-server without persistence that speaks TLS only,
+// set up by c.
+func StartTLS(t T, c TLS) *Server {
+	t.Helper()
+	return StartConfig(t, Config{TLS: &c})
+}
+
+// StartTLSNodes starts n independent TLS servers (no persistence), the
+// nodes of a Redlock over TLS.
+func StartTLSNodes(t T, n int, c TLS) []*Server {
+	t.Helper()
+	srvs := make([]*Server, n)
+	for i := range srvs {
+		srvs[i] = StartTLS(t, c)
+	}
+	return srvs
+}
+
+// tlsLines are the redis.conf lines of c: TLS only, on port.
+func (c *TLS) lines(port int) []string {
+	auth := "no"
+	if c.AuthClients {
+		auth = "yes"
+	}
+	return []string{
+		"port 0",
+		fmt.Sprintf("tls-port %d", port),
+		"tls-cert-file " + c.CertFile,
+		"tls-key-file " + c.KeyFile,
+		"tls-ca-cert-file " + c.CAFile,
+		"tls-auth-clients " + auth,
+	}
+}
+
+// ClientTLS returns the TLS configuration with which the helpers reach a
+// server set up by c: trusting CAFile, presenting the client certificate
+// when AuthClients is set. Nil for a nil c.
+func (c *TLS) ClientTLS() (*tls.Config, error) {
+	if c == nil {
+		return nil, nil
+	}
+	pem, err := os.ReadFile(c.CAFile)
+	if err != nil {
+		return nil, err
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: x509.NewCertPool()}
+	if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("redistest: %s holds no PEM certificate", c.CAFile)
+	}
+	if c.AuthClients {
+		cert, err := tls.LoadX509KeyPair(c.ClientCertFile, c.ClientKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("redistest: the client certificate for tls-auth-clients: %v", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
+}
+
+// cliArgs are redis-cli's arguments to reach a server set up by c.
+func (c *TLS) cliArgs() []string {
+	if c == nil {
+		return nil
+	}
+	args := []string{"--tls", "--cacert", c.CAFile}
+	if c.AuthClients {
+		args = append(args, "--cert", c.ClientCertFile, "--key", c.ClientKeyFile)
+	}
+	return args
 }
 
 func freePort(t T) int {
@@ -90,27 +198,29 @@ func freePort(t T) int {
 }
 
 func (s *Server) config() string {
+	port := []string{fmt.Sprintf("port %d", s.port)}
+	if s.tls != nil {
+		port = s.tls.lines(s.port)
+	}
 	if s.sentinel {
-		return strings.Join(append([]string{
-			fmt.Sprintf("port %d", s.port),
+		return strings.Join(append(append(port,
 			"bind 127.0.0.1",
 			"protected-mode no",
 			"daemonize no",
-			"dir " + s.dir,
+			"dir "+s.dir,
 			`logfile ""`,
 			"loglevel warning",
-		}, s.extra...), "\n") + "\n"
+		), s.extra...), "\n") + "\n"
 	}
-	lines := []string{
-		fmt.Sprintf("port %d", s.port),
+	lines := append(port,
 		"bind 127.0.0.1",
 		"protected-mode no",
 		"daemonize no",
 		`save ""`,
-		"dir " + s.dir,
+		"dir "+s.dir,
 		`logfile ""`,
 		"loglevel warning",
-	}
+	)
 	if s.mode == NoPersistence {
 		lines = append(lines, "appendonly no")
 	} else {
@@ -147,9 +257,14 @@ func (s *Server) start() {
 	exit := make(chan error, 1)
 	s.exit = exit
 	go func() { exit <- cmd.Wait() }()
+	tlsConfig, err := s.tls.ClientTLS()
+	if err != nil {
+		s.kill()
+		t.Fatalf("redistest: %v", err)
+	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if err := ping(s.Addr); err == nil {
+		if err := ping(s.Addr, tlsConfig); err == nil {
 			return
 		} else if time.Now().After(deadline) {
 			s.kill()
@@ -165,9 +280,18 @@ func (s *Server) start() {
 	}
 }
 
-// ping sends PING and expects PONG, in RESP, without a client library.
-func ping(addr string) error {
-	c, err := net.DialTimeout("tcp", addr, time.Second)
+// ping sends PING and expects PONG, in RESP, without a client library,
+// over TLS when tlsConfig is set. A NOAUTH error (the server requires a
+// password) is an answer too: the server is up.
+func ping(addr string, tlsConfig *tls.Config) error {
+	d := &net.Dialer{Timeout: time.Second}
+	var c net.Conn
+	var err error
+	if tlsConfig != nil {
+		c, err = tls.DialWithDialer(d, "tcp", addr, tlsConfig)
+	} else {
+		c, err = d.Dial("tcp", addr)
+	}
 	if err != nil {
 		return err
 	}
@@ -180,7 +304,7 @@ func ping(addr string) error {
 	if err != nil {
 		return err
 	}
-	if !strings.HasPrefix(line, "+PONG") {
+	if !strings.HasPrefix(line, "+PONG") && !strings.HasPrefix(line, "-NOAUTH") {
 		return errors.New("unexpected reply " + strings.TrimSpace(line))
 	}
 	return nil
@@ -237,6 +361,18 @@ func (s *Server) Running() bool { return s.cmd != nil }
 // create, and returns them once every node reports the cluster ok.
 func StartCluster(t T, masters int) []*Server {
 	t.Helper()
+	return startCluster(t, masters, nil)
+}
+
+// StartClusterTLS is StartCluster with nodes that speak TLS only, set up
+// by c, to clients and to each other (tls-cluster yes).
+func StartClusterTLS(t T, masters int, c TLS) []*Server {
+	t.Helper()
+	return startCluster(t, masters, &c)
+}
+
+func startCluster(t T, masters int, c *TLS) []*Server {
+	t.Helper()
 	Binary(t)
 	cli, err := exec.LookPath("redis-cli")
 	if err != nil {
@@ -245,18 +381,21 @@ func StartCluster(t T, masters int) []*Server {
 	var srvs []*Server
 	var addrs []string
 	for range masters {
-		s := &Server{dir: t.TempDir(), t: t, port: freePort(t), extra: []string{
+		s := &Server{dir: t.TempDir(), t: t, port: freePort(t), tls: c, extra: []string{
 			"cluster-enabled yes",
 			"cluster-config-file nodes.conf",
 			"cluster-node-timeout 5000",
 		}}
+		if c != nil {
+			s.extra = append(s.extra, "tls-cluster yes")
+		}
 		s.Addr = fmt.Sprintf("127.0.0.1:%d", s.port)
 		s.start()
 		t.Cleanup(s.kill)
 		srvs = append(srvs, s)
 		addrs = append(addrs, s.Addr)
 	}
-	args := append([]string{"--cluster", "create"}, addrs...)
+	args := append(append(c.cliArgs(), "--cluster", "create"), addrs...)
 	out, err := exec.Command(cli, append(args, "--cluster-replicas", "0", "--cluster-yes")...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("redistest: redis-cli --cluster create: %v\n%s", err, out)
@@ -264,7 +403,7 @@ func StartCluster(t T, masters int) []*Server {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, s := range srvs {
-		c := Client(t, s.Addr)
+		c := ClientOf(t, s)
 		for {
 			info, _ := c.ClusterInfo(ctx).Result()
 			if strings.Contains(info, "cluster_state:ok") {
@@ -280,20 +419,24 @@ func StartCluster(t T, masters int) []*Server {
 }
 
 // StartSentinel starts a Redis Sentinel process that monitors master under
-// name (quorum 1), and returns it once it names the master.
+// name (quorum 1), and returns it once it names the master. The Sentinel
+// speaks TLS, to its clients and to the master, when the master does.
 func StartSentinel(t T, master *Server, name string) *Server {
 	t.Helper()
 	Binary(t)
-	s := &Server{dir: t.TempDir(), t: t, port: freePort(t), sentinel: true, extra: []string{
+	s := &Server{dir: t.TempDir(), t: t, port: freePort(t), sentinel: true, tls: master.tls, extra: []string{
 		fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 1", name, master.port),
 		fmt.Sprintf("sentinel down-after-milliseconds %s 5000", name),
 	}}
+	if master.tls != nil {
+		s.extra = append(s.extra, "tls-replication yes")
+	}
 	s.Addr = fmt.Sprintf("127.0.0.1:%d", s.port)
 	s.start()
 	t.Cleanup(s.kill)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c := Client(t, s.Addr)
+	c := ClientOf(t, s)
 	for {
 		addr, err := c.Do(ctx, "SENTINEL", "get-master-addr-by-name", name).StringSlice()
 		if err == nil && len(addr) == 2 && addr[1] == fmt.Sprint(master.port) {
@@ -306,13 +449,28 @@ func StartSentinel(t T, master *Server, name string) *Server {
 	}
 }
 
+// ClientOf is Client for server s: over TLS when s speaks it.
+func ClientOf(t T, s *Server) *goredis.Client {
+	t.Helper()
+	cfg, err := s.tls.ClientTLS()
+	if err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	return client(t, s.Addr, cfg)
+}
+
 // Client returns a go-redis client of addr for tests, closed at cleanup.
 // Context deadlines bound its socket reads, so a hung server cannot hold a
 // call past its context, and go-redis's maintenance notifications are off:
 // in v9.23 they can start a goroutine that outlives Client.Close.
 func Client(t T, addr string) *goredis.Client {
+	return client(t, addr, nil)
+}
+
+func client(t T, addr string, tlsConfig *tls.Config) *goredis.Client {
 	rdb := goredis.NewClient(&goredis.Options{
 		Addr:                     addr,
+		TLSConfig:                tlsConfig,
 		ContextTimeoutEnabled:    true,
 		MaxRetries:               -1,
 		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
