@@ -14,9 +14,9 @@ import (
 
 // bench: lockctl bench [--backend URL] [--duration D]
 func (e *environment) bench(ctx context.Context, args []string) int {
-	fs := newFlags("bench", "[--backend URL] [--duration D]")
-	backendFlag := fs.String("backend", "", "backend `URL` (default: $LOCK_BACKEND, else mem://)")
-	duration := fs.Duration("duration", 2*time.Second, "length of each scenario")
+	fs := newFlags("bench", "[--backend URL | --backend-file PATH] [--duration D]")
+	bf := addBackendFlags(fs, "mem://", "")
+	duration := fs.Duration("duration", 2*time.Second, "length of each scenario, at most a year")
 	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}
@@ -26,7 +26,10 @@ func (e *environment) bench(ctx context.Context, args []string) int {
 	if *duration == 0 {
 		return e.usageError("bench", "--duration must be more than 0, such as 2s")
 	}
-	url := e.backendURL(*backendFlag, "mem://")
+	url, code, ok := e.backend(bf)
+	if !ok {
+		return code
+	}
 	locks, code := e.open(ctx, "bench", url, lock.WithTTL(10*time.Second))
 	if locks == nil {
 		return code
@@ -34,7 +37,7 @@ func (e *environment) bench(ctx context.Context, args []string) int {
 	defer locks.Close()
 	prefix := fmt.Sprintf("lockctl-bench/%d/", time.Now().UnixNano())
 
-	fmt.Fprintf(e.stdout, "Backend: %s, %v per scenario, GOMAXPROCS %d\n\n", url, *duration, runtime.GOMAXPROCS(0))
+	e.printf(e.stdout, "Backend: %s, %v per scenario, GOMAXPROCS %d\n\n", lock.RedactURL(url), *duration, runtime.GOMAXPROCS(0))
 	fmt.Fprintf(e.stdout, "%-40s %12s %10s %10s %10s\n", "scenario", "cycles/s", "p50", "p90", "p99")
 	scenarios := []struct {
 		name    string
@@ -48,7 +51,7 @@ func (e *environment) bench(ctx context.Context, args []string) int {
 	for _, sc := range scenarios {
 		r, err := measure(ctx, locks, prefix+sc.name, sc.workers, sc.hot, *duration)
 		if err != nil {
-			fmt.Fprintf(e.stderr, "lockctl bench: %v\n", msg(err))
+			e.printf(e.stderr, "lockctl bench: %v\n", err)
 			return exitBackend
 		}
 		line := fmt.Sprintf("%-40s %12.0f %10v %10v %10v", sc.name, r.rate, r.p50, r.p90, r.p99)

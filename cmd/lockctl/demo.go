@@ -32,11 +32,14 @@ func (f *fencedFile) write(fence uint64, content string, checkFence bool) error 
 	return nil
 }
 
+// maxBuyers bounds --buyers: each buyer is a goroutine.
+const maxBuyers = 1000000
+
 // demo: lockctl demo [--backend URL] [--buyers N] [--units N]
 func (e *environment) demo(ctx context.Context, args []string) int {
-	fs := newFlags("demo", "[--backend URL] [--buyers N] [--units N]")
-	backendFlag := fs.String("backend", "", "backend `URL` (default: $LOCK_BACKEND, else mem://)")
-	buyers := fs.Int("buyers", 10000, "`N` buyers at once")
+	fs := newFlags("demo", "[--backend URL | --backend-file PATH] [--buyers N] [--units N]")
+	bf := addBackendFlags(fs, "mem://lockctl-demo", "")
+	buyers := fs.Int("buyers", 10000, "`N` buyers at once, at most 1000000")
 	units := fs.Int("units", 100, "`N` units in stock")
 	if code, ok := e.parse(fs, args); !ok {
 		return code
@@ -44,10 +47,13 @@ func (e *environment) demo(ctx context.Context, args []string) int {
 	if code, ok := e.noArgs(fs); !ok {
 		return code
 	}
-	if *buyers < 1 || *units < 1 || *units > *buyers {
-		return e.usageError("demo", "need 1 <= --units <= --buyers")
+	if *buyers < 1 || *units < 1 || *units > *buyers || *buyers > maxBuyers {
+		return e.usageError("demo", "need 1 <= --units <= --buyers <= %d", maxBuyers)
 	}
-	url := e.backendURL(*backendFlag, "mem://lockctl-demo")
+	url, code, ok := e.backend(bf)
+	if !ok {
+		return code
+	}
 	locks, code := e.open(ctx, "demo", url, lock.WithTTL(10*time.Second))
 	if locks == nil {
 		return code
@@ -58,11 +64,11 @@ func (e *environment) demo(ctx context.Context, args []string) int {
 	prefix := "lockctl-demo/" + hex.EncodeToString(run[:]) + "/"
 	out := e.stdout
 	if err := probe(ctx, locks, prefix+"probe"); err != nil {
-		fmt.Fprintf(e.stderr, "lockctl demo: backend %s: %v\n", url, msg(err))
+		e.printf(e.stderr, "lockctl demo: backend %s: %v\n", lock.RedactURL(url), err)
 		return exitBackend
 	}
 
-	fmt.Fprintf(out, "Backend: %s\n\n", url)
+	e.printf(out, "Backend: %s\n\n", lock.RedactURL(url))
 	fmt.Fprintf(out, "1. Flash sale: %d units, %d buyers at once. Each buyer reads the stock, and if\n   some is left, writes stock-1: two round trips to the store.\n", *units, *buyers)
 
 	free := e.sale(*buyers, *units, func(inv *flashsale.Inventory, sold *atomic.Int64) error {
@@ -86,7 +92,7 @@ func (e *environment) demo(ctx context.Context, args []string) int {
 		})
 	}, progress, stop)
 	if locked.err != nil {
-		fmt.Fprintf(e.stderr, "lockctl demo: %v\n", msg(locked.err))
+		e.printf(e.stderr, "lockctl demo: %v\n", locked.err)
 		return exitBackend
 	}
 	fmt.Fprintf(out, "   With the lock: %d sold, %d oversold, in %v.\n\n", locked.sold, locked.sold-int64(*units), locked.took.Round(time.Millisecond))
@@ -94,7 +100,7 @@ func (e *environment) demo(ctx context.Context, args []string) int {
 	fmt.Fprintf(out, "2. GC pause: A holds the lock and stalls (a long GC) past its TTL; B takes\n   over and writes; A wakes up, unaware, and writes too.\n")
 	story, err := e.gcPause(ctx, locks, prefix+"file")
 	if err != nil {
-		fmt.Fprintf(e.stderr, "lockctl demo: %v\n", msg(err))
+		e.printf(e.stderr, "lockctl demo: %v\n", err)
 		return exitBackend
 	}
 	fmt.Fprint(out, story.narrative)

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/distlock/lock"
 )
 
 // flags is one command's flag set with lockctl's messages: a wrong value
@@ -25,8 +27,17 @@ func newFlags(cmd, synopsis string) *flags {
 	return &flags{FlagSet: fs, cmd: cmd, synopsis: synopsis}
 }
 
+// maxDuration is the longest duration any flag takes: lock.MaxTTL, a
+// year. Past it a duration is a mistake (a unit typed wrong), and near
+// time.Duration's limit the stores' arithmetic overflows.
+const maxDuration = lock.MaxTTL
+
+// durationRange says the valid range of a duration flag.
+var durationRange = fmt.Sprintf("valid: 0s to %v (a year)", maxDuration)
+
 // durationValue is a flag.Value for a duration that asks for a unit when
-// given a bare number, and rejects negative values.
+// given a bare number, and rejects negative values and values above
+// maxDuration.
 type durationValue struct{ d *time.Duration }
 
 func (v durationValue) String() string {
@@ -42,10 +53,13 @@ func (v durationValue) Set(s string) error {
 		if _, nerr := strconv.ParseFloat(s, 64); nerr == nil {
 			return fmt.Errorf("a duration needs a unit: %ss, %sms or %sm", s, s, s)
 		}
-		return errors.New("want a duration such as 500ms, 10s or 2m")
+		return fmt.Errorf("want a duration such as 500ms, 10s or 2m; %s", durationRange)
 	}
 	if d < 0 {
-		return errors.New("want a duration of 0 or more")
+		return fmt.Errorf("want a duration of 0 or more; %s", durationRange)
+	}
+	if d > maxDuration {
+		return fmt.Errorf("%v is more than a year; %s", d, durationRange)
 	}
 	*v.d = d
 	return nil
@@ -104,7 +118,29 @@ func (e *environment) noArgs(f *flags) (int, bool) {
 		return exitOK, true
 	}
 	if strings.HasPrefix(f.Arg(0), "-") {
-		return e.usageError(f.cmd, "unknown flag %s; see lockctl %s --help", f.Arg(0), f.cmd), false
+		return e.usageError(f.cmd, "unknown flag %s; see lockctl %s --help", argText(f.Arg(0)), f.cmd), false
 	}
-	return e.usageError(f.cmd, "takes no arguments, got %q; see lockctl %s --help", strings.Join(f.Args(), " "), f.cmd), false
+	return e.usageError(f.cmd, "takes no arguments, got %s; see lockctl %s --help", quoted(argsText(f.Args())), f.cmd), false
+}
+
+// argText is a command-line argument as lockctl's messages quote it: one
+// that may be a backend URL, given in the wrong place (--backend=URL after
+// KEY, a URL without --backend), is redacted (lock.RedactURL).
+func argText(a string) string {
+	if name, value, ok := strings.Cut(a, "="); ok && strings.HasPrefix(name, "-") {
+		return name + "=" + argText(value)
+	}
+	if strings.Contains(a, "://") || strings.Contains(a, "@") {
+		return lock.RedactURL(a)
+	}
+	return a
+}
+
+// argsText is args as argText quotes them, joined by spaces.
+func argsText(args []string) string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		out[i] = argText(a)
+	}
+	return strings.Join(out, " ")
 }

@@ -1,7 +1,10 @@
 package main
 
 import (
+	crand "crypto/rand"
+	"crypto/subtle"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -83,8 +86,13 @@ import (
 // is not in the terminal's foreground group, so it does not read from the
 // terminal.
 
-// guardEnv marks a process started as the guard.
+// guardEnv marks a process started as the guard. Its value is a nonce,
+// 32 hex digits, that lockctl run also writes first on the deadline pipe:
+// see startedByLockctl.
 const guardEnv = "LOCKCTL_GUARD"
+
+// nonceLen is the length of the guard's nonce, in bytes.
+const nonceLen = 16
 
 // The guard's descriptors for its two pipes with lockctl.
 const (
@@ -105,7 +113,12 @@ func isGuard() bool { return os.Getenv(guardEnv) != "" }
 // group, kills that group at the deadline lockctl last sent or when
 // lockctl is gone, and returns the command's exit status.
 func guardMain(args []string) int {
+	nonce := os.Getenv(guardEnv)
 	os.Unsetenv(guardEnv)
+	if err := startedByLockctl(nonce); err != nil {
+		fmt.Fprintf(os.Stderr, "lockctl: %s is lockctl's own variable, set only for the guard that lockctl run starts, and this process was not started so (%s): unset %s and run lockctl again\n", guardEnv, err, guardEnv)
+		return exitUsage
+	}
 	// The parent-death signal is tied to the thread that starts the child:
 	// keep this goroutine on its thread for the process's life.
 	runtime.LockOSThread()
@@ -153,7 +166,7 @@ func guardMain(args []string) int {
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
-		fmt.Fprintf(os.Stderr, "lockctl run: %v\n", err)
+		fmt.Fprintf(os.Stderr, "lockctl run: %s\n", show(err.Error()))
 		return startFailure(err)
 	}
 	pgid := cmd.Process.Pid
@@ -202,6 +215,54 @@ func guardMain(args []string) int {
 		writeReport(report, reportDeadline, 0)
 	}
 	return exitStatus(cmd.ProcessState)
+}
+
+// startedByLockctl checks that this process is a guard that lockctl run
+// started (startGroup), before it runs anything: descriptors 3 and 4 are
+// pipes, the parent process runs this very executable, and the deadline
+// pipe starts with nonce, the value of LOCKCTL_GUARD. A LOCKCTL_GUARD left
+// set in a user's environment fails the first checks and nothing is read
+// from any descriptor.
+func startedByLockctl(nonce string) error {
+	want, err := hex.DecodeString(nonce)
+	if err != nil || len(want) != nonceLen {
+		return errors.New("its value is not lockctl's")
+	}
+	for _, fd := range []int{deadlineFD, reportFD} {
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFIFO {
+			return fmt.Errorf("descriptor %d is not a pipe from lockctl", fd)
+		}
+	}
+	self, err := os.Stat("/proc/self/exe")
+	if err != nil {
+		return err
+	}
+	parent, err := os.Stat(fmt.Sprintf("/proc/%d/exe", os.Getppid()))
+	if err != nil || !os.SameFile(self, parent) {
+		return errors.New("the parent process is not lockctl")
+	}
+	// lockctl writes the nonce before it starts the guard.
+	if !pending(deadlineFD) {
+		return errors.New("no word from lockctl on descriptor 3")
+	}
+	// Read with the system call: an os.File would close the descriptor
+	// when collected, and guardMain opens its own.
+	got := make([]byte, nonceLen)
+	for n := 0; n < nonceLen; {
+		m, err := unix.Read(deadlineFD, got[n:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || m <= 0 {
+			return errors.New("descriptor 3 does not carry lockctl's nonce")
+		}
+		n += m
+	}
+	if subtle.ConstantTimeCompare(got, want) != 1 {
+		return errors.New("descriptor 3 does not carry lockctl's nonce")
+	}
+	return nil
 }
 
 // pending reports whether fd has bytes to read now.
@@ -360,10 +421,15 @@ type guardExit struct {
 // then it tells the guard each later deadline (the lease renews
 // meanwhile), so that a guard slow to start finds one that has not passed.
 func startGroup(command []string, env []string, stdin io.Reader, stdout, stderr io.Writer, deadline func() time.Time) (*group, error) {
-	self, err := os.Executable()
-	if err != nil {
+	// The guard runs the very file this process runs, even when it was
+	// replaced or removed since: the guard checks that its parent runs the
+	// same executable.
+	const self = "/proc/self/exe"
+	if _, err := os.Stat(self); err != nil {
 		return nil, fmt.Errorf("finding lockctl's own executable to start the command under: %w", err)
 	}
+	var nonce [nonceLen]byte
+	crand.Read(nonce[:])
 	if _, err := bootClock(); err != nil {
 		return nil, fmt.Errorf("the guard needs the system's boot-time clock: %w", err)
 	}
@@ -378,8 +444,13 @@ func startGroup(command []string, env []string, stdin io.Reader, stdout, stderr 
 		return nil, err
 	}
 	g := &group{deadlines: dw, exited: make(chan guardExit, 1)}
-	// Before the guard starts: it starts the command only with a deadline.
-	if err := g.tell(deadline()); err != nil {
+	// Before the guard starts: the nonce that it checks first, and a
+	// deadline, without which it does not start the command.
+	_, err = dw.Write(nonce[:])
+	if err == nil {
+		err = g.tell(deadline())
+	}
+	if err != nil {
 		dw.Close()
 		rr.Close()
 		rw.Close()
@@ -388,7 +459,7 @@ func startGroup(command []string, env []string, stdin io.Reader, stdout, stderr 
 	cmd := exec.Command(self, command...)
 	cmd.Args[0] = "lockctl-guard"
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
-	cmd.Env = append(env, guardEnv+"=1")
+	cmd.Env = append(env, guardEnv+"="+hex.EncodeToString(nonce[:]))
 	cmd.ExtraFiles = []*os.File{dr, rw} // descriptors 3 and 4 in the guard
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	// When the output is copied (not a file), a process that left the

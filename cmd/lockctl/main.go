@@ -1,15 +1,48 @@
 // Command lockctl runs a command under a distributed lock, inspects locks,
 // tells the story of the problem locks solve, and measures a backend.
 //
+//	export LOCK_BACKEND=redis://localhost:6379
 //	lockctl demo                                   # flash sale and GC pause, in memory
-//	lockctl run --backend redis://localhost:6379 nightly-report -- ./report.sh
-//	lockctl status --backend redis://localhost:6379 nightly-report
-//	lockctl bench --backend redis://localhost:6379
-//	lockctl init-nodes --backend redlock://h1:6379,h2:6379,h3:6379  # once, new deployment
+//	lockctl run nightly-report -- ./report.sh
+//	lockctl status nightly-report
+//	lockctl bench
+//	lockctl init-nodes --backend-file /run/secrets/lock-url  # once, new Redlock deployment
 //
-// The backend is a URL (--backend, or the LOCK_BACKEND environment variable);
-// every scheme of this module is registered: mem, redis, rediss, unix,
-// redlock, consul, consuls, etcd and etcds.
+// The backend is a URL; every scheme of this module is registered (mem,
+// redis, rediss, unix, redlock, redis+cluster, redis+sentinel, consul,
+// etcd and their TLS forms; "lockctl help" lists them). Every command that
+// takes a backend takes it, in this order, from:
+//
+//   - --backend URL: on the command line, which every local user can read
+//     in ps and /proc/PID/cmdline for as long as lockctl runs. A URL that
+//     carries credentials (user:password@, password=, token=,
+//     sentinel_password=, ...) makes lockctl print a one-line warning to
+//     stderr, and the command goes on.
+//   - --backend-file PATH: the URL read from a file (a secrets manager's,
+//     a mounted secret), surrounding whitespace and newline trimmed. An
+//     unreadable or empty file, or one given with --backend, is a usage
+//     error.
+//   - LOCK_BACKEND, an environment variable, which only the user and root
+//     can read. lockctl run takes it out of the command's environment (and
+//     so of everything the command starts) unless --keep-backend-env is
+//     given.
+//
+// For a URL with credentials, use LOCK_BACKEND or --backend-file. lockctl
+// never prints the URL as given: it shows lock.RedactURL's form (secrets
+// replaced by xxxxx) and cuts the URL's secrets out of every error. A URL
+// with skip_verify=true makes lockctl print a one-line warning that the
+// backend's TLS certificate is not checked.
+//
+// Keys, tokens, holder details and every other text that lockctl did not
+// write itself (errors from the store, command names) are printed with
+// control characters, other non-printable characters and bytes that are
+// not UTF-8 escaped as in Go (\x1b, \n, \u202e, \xff): a key cannot send
+// escape sequences to the terminal.
+//
+// Every flag is checked before a lock is taken or waited for: durations
+// (--ttl, --timeout, --grace, bench's --duration) are at most a year
+// (lock.MaxTTL), and run's --grace at most half the TTL asked for (--ttl,
+// else the URL's ttl, else 10s).
 //
 // Exit status: for run, the command's own status (128+N when signal N ended
 // it), 127 when the command is not found and 126 when it cannot be
@@ -21,7 +54,11 @@
 // reached, did not answer in time, or returned an error.
 //
 // run starts the command in a process group of its own and signals the
-// whole group; see the README's "lockctl run: the timeline" for when.
+// whole group; see the README's "lockctl run: the timeline" for when. It
+// does so through a copy of lockctl, the guard, which LOCKCTL_GUARD marks
+// in its environment: that variable is lockctl's own, and a lockctl that
+// finds it set without having been started by lockctl run says so and
+// exits 2.
 package main
 
 import (
@@ -70,14 +107,20 @@ func version() string {
 
 const usage = `usage: lockctl <command> [flags] [args]
 commands:
-  run     [--backend URL] [--ttl D] [--wait|--no-wait] [--timeout D] [--grace D] KEY -- CMD [ARGS...]
-  status  [--backend URL] KEY
-  demo    [--backend URL] [--buyers N] [--units N]
-  bench   [--backend URL] [--duration D]
-  init-nodes [--backend redlock://...]   (once, for a new Redlock deployment)
+  run     [BACKEND] [--ttl D] [--wait|--no-wait] [--timeout D] [--grace D] [--keep-backend-env] KEY -- CMD [ARGS...]
+  status  [BACKEND] KEY
+  demo    [BACKEND] [--buyers N] [--units N]
+  bench   [BACKEND] [--duration D]
+  init-nodes [BACKEND]   (once, for a new Redlock deployment: redlock://...)
   version
 "lockctl CMD --help" lists a command's flags with their defaults.
-the backend URL comes from --backend or LOCK_BACKEND; schemes: `
+BACKEND, the backend URL: $LOCK_BACKEND, or --backend-file PATH (the URL read
+from a file), or --backend URL. Every local user can read a --backend URL in
+ps while lockctl runs: give one with credentials in LOCK_BACKEND or a file
+(lockctl warns otherwise). run takes LOCK_BACKEND out of the command's
+environment unless --keep-backend-env. skip_verify=true in the URL turns off
+TLS certificate checks (lockctl warns). Durations: at most a year.
+schemes: `
 
 // lockctl runs one command line and returns the exit status.
 func lockctl(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
@@ -104,53 +147,44 @@ func lockctl(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 		fmt.Fprint(stdout, usage+strings.Join(lock.Schemes(), ", ")+"\n")
 		return exitOK
 	}
-	return env.usageError("", "unknown command %q; valid: run, status, demo, bench, init-nodes, version", args[0])
+	return env.usageError("", "unknown command %s; valid: run, status, demo, bench, init-nodes, version", quoted(argText(args[0])))
 }
 
 type environment struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
+	secrets        []string // the backend URL's secrets, cut out of every message (see backend)
 }
 
-// usageError prints a one-line message and returns exitUsage.
+// usageError prints a one-line message, its arguments shown (see show),
+// and returns exitUsage.
 func (e *environment) usageError(cmd, format string, args ...any) int {
 	prefix := "lockctl"
 	if cmd != "" {
 		prefix += " " + cmd
 	}
-	fmt.Fprintf(e.stderr, "%s: %s\n", prefix, fmt.Sprintf(format, args...))
+	e.printf(e.stderr, "%s: %s\n", prefix, fmt.Sprintf(format, e.shownArgs(args)...))
 	return exitUsage
 }
 
-// backendURL picks the backend: the flag, else LOCK_BACKEND, else def.
-func (e *environment) backendURL(flagValue, def string) string {
-	if flagValue != "" {
-		return flagValue
-	}
-	if v := e.getenv("LOCK_BACKEND"); v != "" {
-		return v
-	}
-	return def
-}
-
-// open opens the backend, mapping bad URLs to a usage error.
+// open opens the backend at url (from e.backend), mapping bad URLs to a
+// usage error. Its errors are lock.Open's: the URL redacted, its secrets
+// cut out.
 func (e *environment) open(ctx context.Context, cmd, url string, opts ...lock.Option) (*lock.Client, int) {
-	if url == "" {
-		return nil, e.usageError(cmd, "no backend: give --backend URL or set LOCK_BACKEND (schemes: %s)", strings.Join(lock.Schemes(), ", "))
-	}
 	c, err := lock.Open(ctx, url, opts...)
 	switch {
 	case err == nil:
 		return c, exitOK
 	case errors.Is(err, lock.ErrUnknownScheme), errors.Is(err, lock.ErrInvalid):
-		return nil, e.usageError(cmd, "%v", msg(err))
+		return nil, e.usageError(cmd, "%v", err)
 	}
-	fmt.Fprintf(e.stderr, "lockctl %s: %v\n", cmd, msg(err))
+	e.printf(e.stderr, "lockctl %s: %v\n", cmd, err)
 	return nil, exitBackend
 }
 
 // msg is err on one line, without the library's "lock: " prefix (lockctl
-// says its own).
-func msg(err error) string {
-	return strings.ReplaceAll(strings.TrimPrefix(err.Error(), "lock: "), "\n", "; ")
+// says its own), with the backend URL's secrets cut out. Print it through
+// printf or show: it may hold a store's text.
+func (e *environment) msg(err error) string {
+	return e.scrub(strings.ReplaceAll(strings.TrimPrefix(err.Error(), "lock: "), "\n", "; "))
 }

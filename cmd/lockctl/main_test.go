@@ -77,7 +77,7 @@ func TestBadUsageIsOneLineAndStatus2(t *testing.T) {
 		{[]string{"run", "--backend", "nosuch://x", "k", "--", "true"}, "registered: consul, consuls, etcd, etcds, mem, redis"},
 		{[]string{"run", "--backend", "redis://localhost:6379?colour=red", "k", "--", "true"}, `unknown query parameter "colour"`},
 		{[]string{"run", "--backend", "mem://", "k", "true"}, "want KEY -- CMD"},
-		{[]string{"run", "k", "--", "true"}, "no backend: give --backend URL or set LOCK_BACKEND"},
+		{[]string{"run", "k", "--", "true"}, "no backend: set LOCK_BACKEND, or give --backend-file PATH or --backend URL"},
 		{[]string{"run", "--backend", "mem://", "--ttl", "-1s", "k", "--", "true"}, `invalid value "-1s" for flag --ttl: want a duration of 0 or more`},
 		{[]string{"run", "--backend", "mem://", "--ttl", "0s", "k", "--", "true"}, "--ttl must be more than 0"},
 		{[]string{"run", "--backend", "mem://", "--ttl", "10", "k", "--", "true"}, "flag --ttl: a duration needs a unit: 10s"},

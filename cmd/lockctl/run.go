@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/distlock/lock"
 	"github.com/distlock/lock/backend"
@@ -20,32 +21,42 @@ import (
 // run: lockctl run [flags] KEY -- CMD [ARGS...]
 func (e *environment) run(ctx context.Context, args []string) int {
 	fs := newFlags("run", "[flags] KEY -- CMD [ARGS...]")
-	backendFlag := fs.String("backend", "", "backend `URL` (default: $LOCK_BACKEND)")
-	ttl := fs.Duration("ttl", 10*time.Second, "lock TTL, renewed while the command runs (default: the URL's ttl, else 10s)")
+	bf := addBackendFlags(fs, "", "")
+	ttl := fs.Duration("ttl", lock.DefaultTTL, "lock TTL, renewed while the command runs; at most a year (default: the URL's ttl, else 10s)")
 	wait := fs.Bool("wait", true, "wait for the lock while another owner holds it")
 	noWait := fs.Bool("no-wait", false, "fail at once (status 75) when another owner holds the lock")
-	timeout := fs.Duration("timeout", 0, "give up waiting after this long, status 75 (0: wait forever; with --no-wait, the store has 3s to answer)")
+	timeout := fs.Duration("timeout", 0, "give up waiting after this long, status 75; at most a year (0: wait forever; with --no-wait, the store has 3s to answer)")
 	grace := fs.Duration("grace", 0, "when renewals fail, SIGTERM the command this long before the lock's deadline; at most TTL/2 (default TTL/4)")
+	keepEnv := fs.Bool("keep-backend-env", false, "pass "+backendEnv+" on to the command (by default it is taken out of the command's environment)")
 	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}
 	rest := fs.Args()
 	if len(rest) >= 2 && rest[1] != "--" && strings.HasPrefix(rest[1], "-") {
-		return e.usageError("run", "flag %s after KEY %q: flags go before KEY (lockctl run [flags] KEY -- CMD)", rest[1], rest[0])
+		return e.usageError("run", "flag %s after KEY %s: flags go before KEY (lockctl run [flags] KEY -- CMD)", argText(rest[1]), quoted(rest[0]))
 	}
 	if len(rest) < 3 || rest[1] != "--" {
-		return e.usageError("run", "want KEY -- CMD [ARGS...], got %q", strings.Join(rest, " "))
+		return e.usageError("run", "want KEY -- CMD [ARGS...], got %s", quoted(argsText(rest)))
 	}
 	key, command := rest[0], slices.Clone(rest[2:])
 	if err := lock.CheckKey(key); err != nil {
-		return e.usageError("run", "%v", msg(err))
+		return e.usageError("run", "%v", err)
 	}
 	if fs.set("ttl") && *ttl == 0 {
 		return e.usageError("run", "--ttl must be more than 0, such as 10s")
 	}
+	// --grace against the TTL asked for, before any lock is taken: the
+	// store grants at least that (some grant more: Consul's minimum).
+	if fs.set("ttl") && fs.set("grace") && *grace > *ttl/2 {
+		return e.graceError(*grace, *ttl)
+	}
+	url, code, ok := e.backend(bf)
+	if !ok {
+		return code
+	}
 	path, err := exec.LookPath(command[0])
 	if err != nil {
-		fmt.Fprintf(e.stderr, "lockctl run: %v\n", err)
+		e.printf(e.stderr, "lockctl run: %v\n", err)
 		return startFailure(err)
 	}
 	command[0] = path
@@ -53,11 +64,20 @@ func (e *environment) run(ctx context.Context, args []string) int {
 	if fs.set("ttl") { // a default must not override the URL's ttl
 		opts = append(opts, lock.WithTTL(*ttl))
 	}
-	locks, code := e.open(ctx, "run", e.backendURL(*backendFlag, ""), opts...)
+	locks, code := e.open(ctx, "run", url, opts...)
 	if locks == nil {
 		return code
 	}
 	defer locks.Close()
+	if !fs.set("ttl") {
+		asked := lock.DefaultTTL
+		if d, ok := urlTTL(url); ok {
+			asked = d
+		}
+		if fs.set("grace") && *grace > asked/2 {
+			return e.graceError(*grace, asked)
+		}
+	}
 
 	l, code := e.acquire(ctx, locks, key, *wait && !*noWait, *timeout)
 	if l == nil {
@@ -67,11 +87,16 @@ func (e *environment) run(ctx context.Context, args []string) int {
 	switch {
 	case !fs.set("grace"):
 		g = l.TTL() / 4
-	case g > l.TTL()/2:
+	case g > l.TTL()/2: // a store that granted less than asked
 		release(ctx, l, l.TTL())
-		return e.usageError("run", "--grace %v is more than half the TTL %v: renewals keep at most 2/3 of the TTL ahead, so the command would be stopped while they work; use at most %v", g, l.TTL(), l.TTL()/2)
+		return e.graceError(g, l.TTL())
 	}
-	return e.runHolding(ctx, l, command, g)
+	return e.runHolding(ctx, l, command, g, *keepEnv)
+}
+
+// graceError reports a --grace too long for the TTL.
+func (e *environment) graceError(grace, ttl time.Duration) int {
+	return e.usageError("run", "--grace %v is more than half the TTL %v: renewals keep at most 2/3 of the TTL ahead, so the command would be stopped while they work; use at most %v", grace, ttl, ttl/2)
 }
 
 func (e *environment) acquire(ctx context.Context, locks *lock.Client, key string, wait bool, timeout time.Duration) (*lock.Lease, int) {
@@ -95,7 +120,7 @@ func (e *environment) acquire(ctx context.Context, locks *lock.Client, key strin
 	case err == nil:
 		return l, exitOK
 	case errors.Is(err, lock.ErrInvalid):
-		return nil, e.usageError("run", "%v", msg(err))
+		return nil, e.usageError("run", "%v", err)
 	case errors.Is(err, lock.ErrLocked), errors.Is(err, lock.ErrContended):
 		// Held by another owner: at once (--no-wait), or still when
 		// --timeout ran out (the error wraps both).
@@ -103,13 +128,13 @@ func (e *environment) acquire(ctx context.Context, locks *lock.Client, key strin
 		if errors.Is(err, context.DeadlineExceeded) {
 			why = fmt.Sprintf("still held by another owner when --timeout %v ran out", timeout)
 		}
-		fmt.Fprintf(e.stderr, "lockctl run: %q not acquired: %s\n", key, why)
+		e.printf(e.stderr, "lockctl run: %s not acquired: %s\n", quoted(key), why)
 		return nil, exitNotAcquired
 	case errors.Is(err, context.DeadlineExceeded):
-		fmt.Fprintf(e.stderr, "lockctl run: the backend did not answer in time: %v\n", msg(err))
+		e.printf(e.stderr, "lockctl run: the backend did not answer in time: %v\n", err)
 		return nil, exitBackend
 	}
-	fmt.Fprintf(e.stderr, "lockctl run: the backend failed: %v\n", msg(err))
+	e.printf(e.stderr, "lockctl run: the backend failed: %v\n", err)
 	return nil, exitBackend
 }
 
@@ -147,8 +172,14 @@ func release(ctx context.Context, l *lock.Lease, limit time.Duration) error {
 // owner can get the lock, unless the store itself drops it early (a key
 // deleted from outside, a store that lost its data): then only fencing
 // protects the resource.
-func (e *environment) runHolding(ctx context.Context, l *lock.Lease, command []string, grace time.Duration) int {
-	env := append(os.Environ(),
+func (e *environment) runHolding(ctx context.Context, l *lock.Lease, command []string, grace time.Duration, keepBackendEnv bool) int {
+	env := os.Environ()
+	if !keepBackendEnv {
+		// The URL may carry credentials: not for the command and all it
+		// starts. The guard passes on the environment it is given.
+		env = slices.DeleteFunc(env, func(kv string) bool { return strings.HasPrefix(kv, backendEnv+"=") })
+	}
+	env = append(env,
 		"LOCK_KEY="+l.Key(),
 		"LOCK_FENCE="+strconv.FormatUint(l.Fence(), 10),
 		"LOCK_TOKEN="+l.Token(),
@@ -164,7 +195,7 @@ func (e *environment) runHolding(ctx context.Context, l *lock.Lease, command []s
 
 	g, err := startGroup(command, env, os.Stdin, e.stdout, e.stderr, l.Deadline)
 	if err != nil {
-		fmt.Fprintf(e.stderr, "lockctl run: %v\n", err)
+		e.printf(e.stderr, "lockctl run: %v\n", err)
 		release(ctx, l, min(l.TTL(), 5*time.Second))
 		return exitBackend
 	}
@@ -187,12 +218,12 @@ func (e *environment) runHolding(ctx context.Context, l *lock.Lease, command []s
 			}
 			if stopped == "" {
 				if err := release(ctx, l, min(l.TTL(), 5*time.Second)); err != nil {
-					fmt.Fprintf(e.stderr, "lockctl run: release: %v\n", msg(err))
+					e.printf(e.stderr, "lockctl run: release: %v\n", err)
 				}
 				return x.status
 			}
 			release(ctx, l, time.Second)
-			fmt.Fprintf(e.stderr, "lockctl run: lock %q: %s\n", l.Key(), stopped)
+			e.printf(e.stderr, "lockctl run: lock %s: %s\n", quoted(l.Key()), stopped)
 			return exitLost
 		case <-tell.C:
 			if d := l.Deadline(); !d.Equal(g.told) {
@@ -202,7 +233,7 @@ func (e *environment) runHolding(ctx context.Context, l *lock.Lease, command []s
 			g.signal(s.(syscall.Signal))
 			if s == syscall.SIGTSTP {
 				// Stop with the command. SIGSTOP, not SIGTSTP: see guard.go.
-				fmt.Fprintf(e.stderr, "lockctl run: stopped: lock %q is not renewed while lockctl is stopped; continue it within %v or the command is killed\n", l.Key(), time.Until(l.Deadline()).Round(time.Millisecond))
+				e.printf(e.stderr, "lockctl run: stopped: lock %s is not renewed while lockctl is stopped; continue it within %v or the command is killed\n", quoted(l.Key()), time.Until(l.Deadline()).Round(time.Millisecond))
 				syscall.Kill(os.Getpid(), syscall.SIGSTOP)
 			}
 		case <-term.C:
@@ -213,29 +244,29 @@ func (e *environment) runHolding(ctx context.Context, l *lock.Lease, command []s
 			}
 			if stopped == "" && l.Err() == nil {
 				stopped = fmt.Sprintf("renewals failed; SIGTERM sent to the command %v before the lock's deadline", left.Round(time.Millisecond))
-				fmt.Fprintf(e.stderr, "lockctl run: lock %q: renewals are failing and the lock is valid for %v more: sending SIGTERM to the command\n", l.Key(), left.Round(time.Millisecond))
+				e.printf(e.stderr, "lockctl run: lock %s: renewals are failing and the lock is valid for %v more: sending SIGTERM to the command\n", quoted(l.Key()), left.Round(time.Millisecond))
 				g.signal(syscall.SIGTERM)
 			}
 		case <-l.Done():
 			if errors.Is(l.Err(), lock.ErrReleased) {
 				continue
 			}
-			stopped = fmt.Sprintf("lost while the command ran (%v); the command was killed", msg(l.Err()))
-			fmt.Fprintf(e.stderr, "lockctl run: lock %q lost: %v; sending SIGKILL to the command\n", l.Key(), msg(l.Err()))
+			stopped = fmt.Sprintf("lost while the command ran (%v); the command was killed", e.msg(l.Err()))
+			e.printf(e.stderr, "lockctl run: lock %s lost: %v; sending SIGKILL to the command\n", quoted(l.Key()), l.Err())
 			g.signal(syscall.SIGKILL)
 			<-g.exited
 			g.close()
 			release(ctx, l, time.Second)
-			fmt.Fprintf(e.stderr, "lockctl run: lock %q: %s\n", l.Key(), stopped)
+			e.printf(e.stderr, "lockctl run: lock %s: %s\n", quoted(l.Key()), stopped)
 			return exitLost
 		}
 	}
 }
 
-// status: lockctl status [--backend URL] KEY
+// status: lockctl status [--backend URL | --backend-file PATH] KEY
 func (e *environment) status(ctx context.Context, args []string) int {
-	fs := newFlags("status", "[--backend URL] KEY")
-	backendFlag := fs.String("backend", "", "backend `URL` (default: $LOCK_BACKEND)")
+	fs := newFlags("status", "[--backend URL | --backend-file PATH] KEY")
+	bf := addBackendFlags(fs, "", "")
 	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}
@@ -244,36 +275,49 @@ func (e *environment) status(ctx context.Context, args []string) int {
 	}
 	key := fs.Arg(0)
 	if err := lock.CheckKey(key); err != nil {
-		return e.usageError("status", "%v", msg(err))
+		return e.usageError("status", "%v", err)
 	}
-	locks, code := e.open(ctx, "status", e.backendURL(*backendFlag, ""))
+	url, code, ok := e.backend(bf)
+	if !ok {
+		return code
+	}
+	locks, code := e.open(ctx, "status", url)
 	if locks == nil {
 		return code
 	}
 	defer locks.Close()
 	in, ok := locks.Backend().(backend.Inspector)
 	if !ok {
-		fmt.Fprintf(e.stderr, "lockctl status: this backend cannot tell who holds a key\n")
+		e.printf(e.stderr, "lockctl status: this backend cannot tell who holds a key\n")
 		return exitBackend
 	}
 	ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	h, err := in.Inspect(ictx, key)
 	if err != nil {
-		fmt.Fprintf(e.stderr, "lockctl status: %v\n", msg(err))
+		e.printf(e.stderr, "lockctl status: %v\n", err)
 		return exitBackend
 	}
 	if !h.Held {
-		fmt.Fprintf(e.stdout, "%s: free\n", key)
+		e.printf(e.stdout, "%s: free\n", key)
 		return exitOK
 	}
-	fmt.Fprintf(e.stdout, "%s: held by %s, fence %d, expires in %v unless renewed\n", key, short(h.Token), h.Fence, h.Remaining.Round(time.Millisecond))
+	e.printf(e.stdout, "%s: held by %s, fence %d, expires in %v unless renewed\n", key, short(h.Token), h.Fence, h.Remaining.Round(time.Millisecond))
 	return exitOK
 }
 
+// short is the first 8 characters of token (the store's text: print it
+// shown).
 func short(token string) string {
-	if len(token) > 8 {
-		return token[:8] + "…"
+	if utf8.RuneCountInString(token) <= 8 {
+		return token
+	}
+	n := 0
+	for i := range token {
+		if n == 8 {
+			return token[:i] + "…"
+		}
+		n++
 	}
 	return token
 }
