@@ -69,7 +69,7 @@ func (goredisLogger) Printf(ctx context.Context, format string, v ...any) {
 		return // a backend opened from a URL: quiet
 	}
 	for _, arg := range v {
-		var dialErr *ownedDialError
+		var dialErr interface{ ownedDial() }
 		if err, ok := arg.(error); ok && errors.As(err, &dialErr) {
 			return // a failed dial of such a backend's client
 		}
@@ -98,28 +98,50 @@ func ownedDialer(tlsConfig *tls.Config) func(ctx context.Context, network, addr 
 			c, err = nd.DialContext(ctx, network, addr)
 		}
 		if err != nil {
-			return nil, &ownedDialError{err}
+			return nil, markOwnedDial(err)
 		}
 		return c, nil
 	}
 }
 
 // ownedDialError is a failed dial of a client this package created. It
-// reads, unwraps and classifies (net.Error) as the error it wraps.
+// reads and unwraps as the error it wraps. It is not a net.Error: a dial
+// error that is one is an ownedNetDialError. go-redis retries a command
+// whose dial failed with a net.Error, and a certificate that does not
+// verify is no reason to dial again (when the ownedDialError was a
+// net.Error whatever it wrapped, each rediss:// call with a wrong CA
+// dialled four times, and the clients' pools started go-redis's dial
+// prober, which outlives Close by up to a second).
 type ownedDialError struct{ err error }
 
 func (e *ownedDialError) Error() string { return e.err.Error() }
 func (e *ownedDialError) Unwrap() error { return e.err }
+func (e *ownedDialError) ownedDial()    {}
 
-// Timeout and Temporary make it a net.Error, as dial errors are.
-func (e *ownedDialError) Timeout() bool {
+// ownedNetDialError is an ownedDialError that wraps a net.Error, and is
+// one (Timeout and Temporary): go-redis classifies it as the error it
+// wraps.
+type ownedNetDialError struct{ ownedDialError }
+
+func (e *ownedNetDialError) Timeout() bool {
 	var ne net.Error
 	return errors.As(e.err, &ne) && ne.Timeout()
 }
 
-func (e *ownedDialError) Temporary() bool {
+func (e *ownedNetDialError) Temporary() bool {
 	var ne interface{ Temporary() bool }
 	return errors.As(e.err, &ne) && ne.Temporary()
+}
+
+// markOwnedDial wraps err, a failed dial of a client this package
+// created, as an ownedDialError or, when it is a net.Error, an
+// ownedNetDialError.
+func markOwnedDial(err error) error {
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return &ownedNetDialError{ownedDialError{err}}
+	}
+	return &ownedDialError{err}
 }
 
 // ownedCall marks the context of a go-redis call made by a backend that
