@@ -1,5 +1,11 @@
 package redis
 
+import (
+	"crypto/tls"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
 // ResetGoRedisLogger undoes SetGoRedisLogger for tests: the logger this
 // package installed stays, as after the first lock.Open.
 func ResetGoRedisLogger() { goredisLog.to.Store(nil) }
@@ -20,4 +26,14 @@ func KeysOf(prefix, key string) []string {
 	lk, fk := keys(prefix, key)
 	const token, id = "0123456789abcdef0123456789abcdef", "0123456789abcdef"
 	return []string{lk, fk, nextKeyOf(lk), deadKeyOf(lk, token), queueKeyOf(lk), recordPrefixOf(lk) + id, channelOf(lk), channelOf(lk) + ":" + id}
+}
+
+// NodeTLSConfigs returns the TLS configuration of each node of r, a
+// Redlock opened from a URL.
+func NodeTLSConfigs(r *Redlock) []*tls.Config {
+	var out []*tls.Config
+	for _, n := range r.nodes {
+		out = append(out, n.(*goredis.Client).Options().TLSConfig)
+	}
+	return out
 }

@@ -160,15 +160,53 @@
 // redis+sentinel://[user:password@]sentinel1:26379,...[/db]?master_name=NAME
 // (rediss+sentinel with TLS) opens the master that Redis Sentinel names,
 // with go-redis's failover options (ParseFailoverURL), except those that
-// send commands to replicas; the URL's user and password are the
-// Sentinels', the parameters username and password the master's. A
-// failover can lose locks (replication is asynchronous; see the table).
+// send commands to replicas. A failover can lose locks (replication is
+// asynchronous; see the table).
 //
-// redlock://host1:port,host2:port,host3:port builds a Redlock over those
-// nodes, with parameters prefix, durablefence, slotfences, password,
-// username, db, nodetimeout, maxttl and allowfewnodes. Opening it fails
-// (ErrInvalid) when two nodes are the same server once host names are
-// resolved, and when it names fewer than 3 nodes unless allowfewnodes=true.
+// redlock://host1:port,host2:port,host3:port (redlocks:// with TLS to every
+// node) builds a Redlock over those nodes, with parameters prefix,
+// durablefence, slotfences, username, password, db, nodetimeout, maxttl and
+// allowfewnodes. maxttl (default 1m) is a Go duration from 10ms to 8760h
+// (lock.MaxTTL); nodetimeout, the bound of each node's request (default a
+// tenth of the TTL, between 10ms and 1s), is a positive Go duration of at
+// most maxttl. Opening it fails (ErrInvalid) when two nodes are the same
+// server once host names are resolved, and when it names fewer than 3
+// nodes unless allowfewnodes=true. It takes no path: the database is db=N.
+//
+// # Credentials and TLS in URLs
+//
+// The password is a secret: lock.RedactURL and the errors of lock.Open
+// hide it wherever the URL gives it, and no error of this package quotes
+// it. Each scheme takes the credentials one way or the other, not both:
+//
+//	scheme                           credentials (user name, password)
+//	redis, rediss, unix              user:password@, or username= and password=
+//	redis+cluster, rediss+cluster    the same, for every node
+//	redlock, redlocks                the same, for every node
+//	redis+sentinel, rediss+sentinel  the master's: username= and password=;
+//	                                 the Sentinels': user:password@, or
+//	                                 sentinel_username= and sentinel_password=
+//
+// Secret parameters: password, sentinel_password.
+//
+// The TLS schemes, rediss, rediss+cluster, rediss+sentinel and redlocks,
+// take the TLS parameters that every backend of package lock shares
+// (lock.TLSParams):
+//
+//	ca_file      PEM file of the CAs to trust instead of the system's
+//	cert_file    PEM file of a client certificate, for a server with
+//	             tls-auth-clients yes (with key_file)
+//	key_file     PEM file of the client certificate's key (with cert_file)
+//	server_name  the name each server's certificate must carry; default:
+//	             the host of each address dialled, so every node of a
+//	             Cluster, of a Sentinel set (Sentinels and master) and of a
+//	             Redlock is verified under its own host
+//	skip_verify  true: no certificate check at all; for tests only
+//
+// The TLS configuration speaks TLS 1.2 or later and is the same for every
+// server of a URL (Sentinels and master alike). The plain schemes refuse
+// the TLS parameters (ErrInvalid, naming the parameter and the scheme to
+// use instead), and so does unix://.
 package redis
 
 import (
@@ -222,8 +260,9 @@ func defaultOptions() options { return options{prefix: DefaultPrefix, maxTTL: De
 // otherwise.
 const DefaultMaxTTL = time.Minute
 
-// WithMaxTTL sets the longest TTL a Redlock grants (default DefaultMaxTTL).
-// A node that comes back empty waits this long before it votes again, so
+// WithMaxTTL sets the longest TTL a Redlock grants (default DefaultMaxTTL),
+// at least MinTTL and at most lock.MaxTTL (NewRedlock refuses others). A
+// node that comes back empty waits this long before it votes again, so
 // that every lock it forgot has expired (see Redlock). Ignored by the
 // single-node backend.
 func WithMaxTTL(d time.Duration) Option { return func(o *options) { o.maxTTL = d } }
@@ -239,7 +278,8 @@ func WithPrefix(p string) Option { return func(o *options) { o.prefix = p } }
 func WithDurableFence(on bool) Option { return func(o *options) { o.durableFence = on } }
 
 // WithNodeTimeout bounds each Redlock node's request. Default: a tenth of the
-// TTL, between 10ms and 1s. Ignored by the single-node backend, where the
+// TTL, between 10ms and 1s. NewRedlock refuses one above the maximum TTL
+// (WithMaxTTL): a node's request may not outlast every lease. Ignored by the single-node backend, where the
 // caller's context bounds the request.
 func WithNodeTimeout(d time.Duration) Option { return func(o *options) { o.nodeTimeout = d } }
 

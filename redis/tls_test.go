@@ -158,6 +158,26 @@ func TestTLSRedlock(t *testing.T) {
 	}
 	nodes := strings.Join(addrs, ",")
 	caq := "ca_file=" + url.QueryEscape(ca.CAFile)
+	// Each node has a configuration of its own that names no server:
+	// the TLS dialer verifies each under the host it dials (one shared
+	// ServerName would check every node under one node's name).
+	ctx := context.Background()
+	locks, err := lock.Open(ctx, "redlocks://"+nodes+"?"+caq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgs := redis.NodeTLSConfigs(locks.Backend().(*redis.Redlock))
+	for i, c := range cfgs {
+		if c == nil || c.ServerName != "" || c.RootCAs == nil || c.InsecureSkipVerify {
+			t.Errorf("node %d: TLS configuration %+v; want one with the CA and no ServerName", i, c)
+		}
+		for j := range i {
+			if cfgs[j] == c {
+				t.Errorf("nodes %d and %d share one TLS configuration", j, i)
+			}
+		}
+	}
+	locks.Close()
 	runTLSCases(t, []tlsCase{
 		{"CA", "redlocks://" + nodes + "?" + caq, ""},
 		{"no CA", "redlocks://" + nodes, unknownAuthority},
