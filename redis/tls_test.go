@@ -55,6 +55,9 @@ func runTLSCases(t *testing.T, cases []tlsCase, secrets ...string) {
 			case tc.want != "" && !strings.Contains(err.Error(), tc.want):
 				t.Fatalf("%s: %v; want an error saying %q", lock.RedactURL(tc.url), err, tc.want)
 			}
+			if err != nil {
+				t.Logf("%s: %v", lock.RedactURL(tc.url), err)
+			}
 			for _, s := range secrets {
 				if err != nil && strings.Contains(err.Error(), s) {
 					t.Errorf("the error quotes the secret %q: %v", s, err)
