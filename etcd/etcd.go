@@ -167,11 +167,61 @@
 //
 // # URLs
 //
-// etcd://host:port[,host:port...] and etcds://... (TLS with the system's
-// roots), with optional user:password@ for etcd authentication, and
-// parameters prefix (key prefix, default DefaultPrefix), dialtimeout (a Go
-// duration, default 5s) and electiontimeout (the cluster's election
-// timeout, default 1s; see WithElectionTimeout).
+//	etcd://[user:password@]host:port[,host:port...][?params]
+//	etcds://[user:password@]host:port[,host:port...][?params]
+//
+// etcd:// speaks plain gRPC; etcds:// speaks TLS to every endpoint. The
+// parameters, besides package lock's own (ttl, drift, maxhold, autorenew):
+//
+//	prefix           key prefix (default DefaultPrefix)
+//	dialtimeout      bound of a connection attempt and of the login,
+//	                 MinDialTimeout to MaxDialTimeout (default 5s)
+//	electiontimeout  the cluster's --election-timeout, MinElectionTimeout
+//	                 to MaxElectionTimeout (default 1s; WithElectionTimeout)
+//	ca_file          etcds only: PEM file of the CAs to trust instead of
+//	                 the system's roots
+//	cert_file        etcds only: client certificate (PEM), with key_file,
+//	                 for members started with --client-cert-auth
+//	key_file         etcds only: the client certificate's key (PEM)
+//	server_name      etcds only: the name the members' certificates must
+//	                 carry, when it is not the host dialled (an IP
+//	                 address, a tunnel); default the endpoint's host
+//	skip_verify      etcds only: true accepts any certificate, so anyone
+//	                 on the path can read and change the traffic; for
+//	                 tests only, and refused with ca_file or server_name
+//
+// A TLS parameter on etcd:// is an error that says to use etcds://. TLS is
+// 1.2 or later. A refused TLS connection (unknown authority, wrong name,
+// no client certificate) shows in the error of the request that waited
+// for it: clientv3 itself waits until the request's context ends and
+// reports only that.
+//
+// user:password@ logs in to etcd's authentication (the user needs read
+// and write permission on the keys under the prefix); both
+// are required, and a user name without a password, or the reverse, is an
+// error. clientv3 logs in when the client is made, so Open fails at once
+// with a wrong password (the error never shows it). The password is a
+// secret: lock.RedactURL and every error of lock.Open hide it. To keep it
+// out of command lines and process listings, read the whole URL from a
+// file or an environment variable of your own (lockctl: LOCK_BACKEND or
+// --backend-file).
+//
+// # Environment
+//
+// A backend opened from a URL takes its endpoints, TLS and credentials
+// from the URL only. go.etcd.io/etcd/client/v3 reads no variable that
+// names endpoints, TLS files or credentials: the ETCDCTL_* variables
+// (ETCDCTL_ENDPOINTS, ETCDCTL_CACERT, ETCDCTL_USER, ...) are etcdctl's and
+// have no effect here. The variables that the client and gRPC do read are
+// about logging and debugging: ETCD_CLIENT_DEBUG (the log level of gRPC's
+// logger, set when the program starts; the backend's own client logs
+// nothing), ETCD_VERIFY (etcd's internal consistency checks, which panic
+// when they fail), GRPC_GO_LOG_SEVERITY_LEVEL and
+// GRPC_GO_LOG_VERBOSITY_LEVEL, and gRPC's GRPC_* feature switches. gRPC
+// honours HTTPS_PROXY and NO_PROXY (through net/http's
+// ProxyFromEnvironment; loopback addresses are never proxied): the
+// connection to a proxy is plain HTTP CONNECT, and TLS to the member runs
+// inside it.
 package etcd
 
 import (
@@ -214,6 +264,7 @@ type options struct {
 	prefix          string
 	electionTimeout time.Duration
 	closeClient     bool
+	tls             *tlsCreds // the client's TLS, when opened from an etcds:// URL
 }
 
 func defaultOptions() options {
@@ -351,11 +402,21 @@ func (b *Backend) check() error {
 
 // storeErr wraps an error from etcd, whose outcome is unknown, so that
 // errors.Is reaches ctx's error when ctx ended and errors.As the client's.
-func storeErr(ctx context.Context, op string, err error) error {
+// When the backend's client (one opened from an etcds:// URL) saw its
+// latest TLS connection refused, the error says why: the client itself
+// waits for a connection until ctx ends and reports only that.
+func (b *Backend) storeErr(ctx context.Context, op string, err error) error {
 	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
-		return fmt.Errorf("etcd: %s: %w (%w)", op, cerr, err)
+		err = fmt.Errorf("etcd: %s: %w (%w)", op, cerr, err)
+	} else {
+		err = fmt.Errorf("etcd: %s: %w", op, err)
 	}
-	return fmt.Errorf("etcd: %s: %w", op, err)
+	if b.opts.tls != nil {
+		if cerr := b.opts.tls.lastErr(); cerr != nil {
+			err = fmt.Errorf("%w (the latest TLS connection failed: %w)", err, cerr)
+		}
+	}
+	return err
 }
 
 // errDead is returned for an acquire with a token released before.
@@ -391,7 +452,7 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	sent := time.Now()
 	resp, err := b.cli.Grant(ctx, leaseSecs(secs))
 	if err != nil {
-		return backend.Grant{}, storeErr(ctx, "acquire: lease", err)
+		return backend.Grant{}, b.storeErr(ctx, "acquire: lease", err)
 	}
 	g, err := b.acquireOn(ctx, key, token, secs, resp.ID, sent, sent, lockTTL(secs, resp.TTL), nil)
 	if errors.Is(err, errLeaseGone) {
@@ -418,7 +479,7 @@ func (b *Backend) acquireOnIdle(ctx context.Context, key, token string, secs int
 	sent := time.Now()
 	ka, err := b.ka.start(id)
 	if err != nil {
-		return backend.Grant{}, storeErr(ctx, "acquire: keep-alive", err)
+		return backend.Grant{}, b.storeErr(ctx, "acquire: keep-alive", err)
 	}
 	return b.acquireOn(ctx, key, token, secs, id, sent, sent, 0, ka)
 }
@@ -463,7 +524,7 @@ func (b *Backend) acquireOn(ctx context.Context, key, token string, secs int64, 
 			// The lease's expiry is unknown: the key, if attached,
 			// may go earlier than the TTL from sent.
 			b.leases.attach(lk, token, id, secs, refreshed, true, true)
-			return backend.Grant{}, storeErr(ctx, "acquire: keep-alive", errors.Join(kerr, err))
+			return backend.Grant{}, b.storeErr(ctx, "acquire: keep-alive", errors.Join(kerr, err))
 		}
 		granted = lockTTL(secs, kttl)
 	} else if errors.Is(err, rpctypes.ErrLeaseNotFound) {
@@ -476,7 +537,7 @@ func (b *Backend) acquireOn(ctx context.Context, key, token string, secs int64, 
 		// release that package lock sends to undo this attempt finds
 		// the lease here and revokes it.
 		b.leases.attach(lk, token, id, secs, refreshed, true, false)
-		return backend.Grant{}, storeErr(ctx, "acquire", err)
+		return backend.Grant{}, b.storeErr(ctx, "acquire", err)
 	}
 	if resp.Succeeded {
 		b.leases.attach(lk, token, id, secs, refreshed, false, false)
@@ -518,7 +579,7 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 		// A lock this backend did not acquire: find its lease.
 		resp, err := b.cli.Get(ctx, lk)
 		if err != nil {
-			return backend.Grant{}, storeErr(ctx, "renew", err)
+			return backend.Grant{}, b.storeErr(ctx, "renew", err)
 		}
 		if len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != token {
 			return backend.Grant{}, backend.ErrNotHeld
@@ -532,11 +593,11 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 	}
 	if err != nil {
 		unknown = true
-		return backend.Grant{}, storeErr(ctx, "renew: keep-alive", err)
+		return backend.Grant{}, b.storeErr(ctx, "renew: keep-alive", err)
 	}
 	resp, err := b.cli.Get(ctx, lk)
 	if err != nil {
-		return backend.Grant{}, storeErr(ctx, "renew", err)
+		return backend.Grant{}, b.storeErr(ctx, "renew", err)
 	}
 	if len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != token || resp.Kvs[0].Lease != int64(id) {
 		// The key was deleted from outside (or taken over after that)
@@ -583,7 +644,7 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 	for attempt := 0; ; attempt++ {
 		tomb, err := b.tombs.get(ctx, b.cli)
 		if err != nil {
-			return storeErr(ctx, "release: tombstone lease", err)
+			return b.storeErr(ctx, "release: tombstone lease", err)
 		}
 		own := []clientv3.Cmp{clientv3.Compare(clientv3.Value(lk), "=", token)}
 		release := []clientv3.Op{
@@ -640,7 +701,7 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 			continue
 		}
 		if err != nil {
-			return storeErr(ctx, "release", err)
+			return b.storeErr(ctx, "release", err)
 		}
 		break
 	}
@@ -731,7 +792,7 @@ func (b *Backend) Inspect(ctx context.Context, key string) (backend.Holder, erro
 	}
 	resp, err := b.cli.Get(ctx, b.lockKeyOf(key))
 	if err != nil {
-		return backend.Holder{}, storeErr(ctx, "inspect", err)
+		return backend.Holder{}, b.storeErr(ctx, "inspect", err)
 	}
 	if len(resp.Kvs) == 0 {
 		return backend.Holder{}, nil
@@ -741,7 +802,7 @@ func (b *Backend) Inspect(ctx context.Context, key string) (backend.Holder, erro
 	if kv.Lease != 0 {
 		ttl, err := b.cli.TimeToLive(ctx, clientv3.LeaseID(kv.Lease))
 		if err != nil {
-			return backend.Holder{}, storeErr(ctx, "inspect: lease", err)
+			return backend.Holder{}, b.storeErr(ctx, "inspect: lease", err)
 		}
 		h.Remaining = max(0, time.Duration(ttl.TTL)*time.Second)
 	}

@@ -53,7 +53,7 @@ func (b *Backend) TxnIfHeld(ctx context.Context, l *lock.Lease, ops ...clientv3.
 		clientv3.Compare(clientv3.ModRevision(lk), "=", int64(l.Fence())),
 	).Then(ops...).Commit()
 	if err != nil {
-		return nil, storeErr(ctx, "txn if held", err)
+		return nil, b.storeErr(ctx, "txn if held", err)
 	}
 	if !resp.Succeeded {
 		return nil, fmt.Errorf("etcd: TxnIfHeld: %w: the lock of %q is no longer this lease's (expired, released or taken over); nothing was written", backend.ErrNotHeld, l.Key())

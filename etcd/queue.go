@@ -603,13 +603,13 @@ func (p *place) leaseFor(ctx context.Context, secs int64, refusable bool) (id cl
 	case id != clientv3.NoLease:
 		ka, err = b.ka.start(id)
 		if err != nil {
-			return 0, time.Time{}, time.Time{}, nil, 0, storeErr(ctx, "acquire: keep-alive", err)
+			return 0, time.Time{}, time.Time{}, nil, 0, b.storeErr(ctx, "acquire: keep-alive", err)
 		}
 		refreshed = sent // once the keep-alive is confirmed
 	default:
 		resp, err := b.cli.Grant(ctx, leaseSecs(secs))
 		if err != nil {
-			return 0, time.Time{}, time.Time{}, nil, 0, storeErr(ctx, "acquire: lease", err)
+			return 0, time.Time{}, time.Time{}, nil, 0, b.storeErr(ctx, "acquire: lease", err)
 		}
 		id, granted, refreshed, confirmed = resp.ID, lockTTL(secs, resp.TTL), sent, sent
 	}
@@ -727,7 +727,7 @@ func (p *place) try(ctx context.Context, token string, secs int64) (backend.Gran
 			p.qs.mu.Unlock()
 		case kerr != nil:
 			b.leases.attach(lk, token, id, secs, sent, true, true)
-			return backend.Grant{}, storeErr(ctx, "acquire: keep-alive", errors.Join(kerr, err))
+			return backend.Grant{}, b.storeErr(ctx, "acquire: keep-alive", errors.Join(kerr, err))
 		default:
 			granted = lockTTL(secs, kttl)
 			p.refreshedAt(sent)
@@ -751,7 +751,7 @@ func (p *place) try(ctx context.Context, token string, secs int64) (backend.Gran
 			return backend.Grant{}, errLeaseGone
 		case kerr != nil:
 			b.leases.attach(lk, token, id, secs, sent, true, true)
-			return backend.Grant{}, storeErr(ctx, "acquire: keep-alive", kerr)
+			return backend.Grant{}, b.storeErr(ctx, "acquire: keep-alive", kerr)
 		}
 		granted, refreshed = lockTTL(secs, kttl), kaSent
 		p.refreshedAt(kaSent)
@@ -762,7 +762,7 @@ func (p *place) try(ctx context.Context, token string, secs int64) (backend.Gran
 		// the lease here, marked unknown, and revokes it whatever it
 		// finds, as Close does; it never reuses it (see leases).
 		b.leases.attach(lk, token, id, secs, refreshed, true, false)
-		return backend.Grant{}, storeErr(ctx, "acquire", err)
+		return backend.Grant{}, b.storeErr(ctx, "acquire", err)
 	}
 	if took {
 		p.qs.mu.Lock()

@@ -2,29 +2,42 @@ package etcd
 
 import (
 	"context"
-	"crypto/tls"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/distlock/lock"
 	"github.com/distlock/lock/backend"
 )
 
-// urlParams are the query parameters of etcd:// and etcds:// URLs.
+// urlParams are the query parameters of etcd:// and etcds:// URLs besides
+// lock.TLSParams (which only etcds:// accepts).
 var urlParams = []string{"dialtimeout", "electiontimeout", "prefix"}
 
 // DefaultDialTimeout bounds the connection to an endpoint of a client built
 // from a URL.
 const DefaultDialTimeout = 5 * time.Second
 
+// The ranges of the URL's durations. A dial timeout below MinDialTimeout
+// fails against anything but a loopback member; etcd refuses an
+// --election-timeout above MaxElectionTimeout.
+const (
+	MinDialTimeout     = 10 * time.Millisecond
+	MaxDialTimeout     = 10 * time.Minute
+	MinElectionTimeout = time.Millisecond
+	MaxElectionTimeout = 50 * time.Second
+)
+
 func init() {
-	lock.Register("etcd", urlParams, open)
-	lock.Register("etcds", urlParams, open)
+	params := append(slices.Clone(urlParams), lock.TLSParams...)
+	lock.RegisterScheme(lock.Scheme{Name: "etcd", Params: params, Open: open})
+	lock.RegisterScheme(lock.Scheme{Name: "etcds", Params: params, Open: open})
 }
 
 // open builds a backend, and the client it owns, from an etcd:// or etcds://
@@ -36,6 +49,10 @@ func open(_ context.Context, u *url.URL) (backend.Backend, error) {
 	}
 	cli, err := clientv3.New(cfg)
 	if err != nil {
+		// Only with user:password@, which New authenticates at once.
+		if o := applied(opts); o.tls != nil && o.tls.lastErr() != nil {
+			return nil, fmt.Errorf("etcd: %w (the latest TLS connection failed: %w)", err, o.tls.lastErr())
+		}
 		return nil, fmt.Errorf("etcd: %w", err)
 	}
 	b, err := New(cli, append(opts, withCloseClient())...)
@@ -47,59 +64,91 @@ func open(_ context.Context, u *url.URL) (backend.Backend, error) {
 }
 
 // parseURL returns the client configuration and the backend options a URL
-// names.
+// names. Its errors never quote the URL (lock.Open shows it, redacted),
+// only the part that is wrong.
 func parseURL(u *url.URL) (clientv3.Config, []Option, error) {
-	want := "want " + u.Scheme + "://host:port[,host:port...]"
+	fail := func(format string, args ...any) (clientv3.Config, []Option, error) {
+		return clientv3.Config{}, nil, fmt.Errorf("%w: etcd: "+format, append([]any{backend.ErrInvalid}, args...)...)
+	}
+	want := "want " + u.Scheme + "://[user:password@]host:port[,host:port...]"
+	if u.Opaque != "" {
+		return fail("no // after %s:; %s", u.Scheme, want)
+	}
 	if u.Host == "" {
-		return clientv3.Config{}, nil, fmt.Errorf("%w: etcd: %q names no endpoint; %s", backend.ErrInvalid, u.Redacted(), want)
+		return fail("no endpoint; %s", want)
 	}
 	if u.Path != "" && u.Path != "/" {
-		return clientv3.Config{}, nil, fmt.Errorf("%w: etcd: path %q in %q; the key prefix is the parameter prefix; %s", backend.ErrInvalid, u.Path, u.Redacted(), want)
+		return fail("path %q: the key prefix is the parameter prefix; %s", u.Path, want)
 	}
 	cfg := clientv3.Config{DialTimeout: DefaultDialTimeout, Logger: zap.NewNop()}
 	for _, ep := range strings.Split(u.Host, ",") {
 		if ep == "" || !strings.Contains(ep, ":") {
-			return clientv3.Config{}, nil, fmt.Errorf("%w: etcd: endpoint %q in %q is not host:port; %s", backend.ErrInvalid, ep, u.Redacted(), want)
+			return fail("endpoint %q is not host:port; %s", ep, want)
 		}
 		cfg.Endpoints = append(cfg.Endpoints, ep)
 	}
-	if u.Scheme == "etcds" {
-		cfg.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
-	}
-	if u.User != nil {
-		cfg.Username = u.User.Username()
-		cfg.Password, _ = u.User.Password()
+	q := u.Query()
+	tlsCfg, err := lock.TLSConfig(q, u.Scheme == "etcds", "etcds")
+	if err != nil {
+		return clientv3.Config{}, nil, err // wraps lock.ErrInvalid, names the parameter
 	}
 	var opts []Option
-	q := u.Query()
-	for name, values := range q {
-		if len(values) != 1 {
-			return clientv3.Config{}, nil, fmt.Errorf("%w: etcd: parameter %q given %d times; give it once", backend.ErrInvalid, name, len(values))
+	if tlsCfg != nil {
+		creds := newTLSCreds(tlsCfg)
+		cfg.TLS = tlsCfg
+		// Given last, they replace the credentials clientv3 makes of
+		// cfg.TLS (see tlsCreds for why).
+		cfg.DialOptions = append(cfg.DialOptions, grpc.WithTransportCredentials(creds))
+		opts = append(opts, func(o *options) { o.tls = creds })
+	}
+	if u.User != nil {
+		user := u.User.Username()
+		pass, hasPass := u.User.Password()
+		switch {
+		case user == "" && pass == "":
+			return fail("empty user information before '@'; give user:password@ or nothing")
+		case user == "":
+			return fail("a password but no user name; want user:password@ (etcd authentication)")
+		case !hasPass:
+			// Not quoted: a userinfo without ':' may be a secret pasted alone.
+			return fail("a user name but no password; want user:password@ (etcd authentication)")
+		case pass == "":
+			return fail("user %q has an empty password; want user:password@ (etcd authentication)", user)
 		}
+		cfg.Username, cfg.Password = user, pass
 	}
 	if v, ok := q["prefix"]; ok {
 		opts = append(opts, WithPrefix(v[0]))
 	}
-	duration := func(name string) (time.Duration, bool, error) {
+	duration := func(name string, lo, hi time.Duration) (time.Duration, bool, error) {
 		v, ok := q[name]
 		if !ok {
 			return 0, false, nil
 		}
 		d, err := time.ParseDuration(v[0])
-		if err != nil || d <= 0 {
-			return 0, false, fmt.Errorf("%w: etcd: %s=%q: want a positive Go duration such as 1s or 500ms", backend.ErrInvalid, name, v[0])
+		if err != nil || d < lo || d > hi {
+			return 0, false, fmt.Errorf("%w: etcd: %s=%q: want a Go duration from %v to %v, such as 1s or 500ms", backend.ErrInvalid, name, v[0], lo, hi)
 		}
 		return d, true, nil
 	}
-	if d, ok, err := duration("dialtimeout"); err != nil {
+	if d, ok, err := duration("dialtimeout", MinDialTimeout, MaxDialTimeout); err != nil {
 		return clientv3.Config{}, nil, err
 	} else if ok {
 		cfg.DialTimeout = d
 	}
-	if d, ok, err := duration("electiontimeout"); err != nil {
+	if d, ok, err := duration("electiontimeout", MinElectionTimeout, MaxElectionTimeout); err != nil {
 		return clientv3.Config{}, nil, err
 	} else if ok {
 		opts = append(opts, WithElectionTimeout(d))
 	}
 	return cfg, opts, nil
+}
+
+// applied returns the options opts set.
+func applied(opts []Option) options {
+	o := defaultOptions()
+	for _, f := range opts {
+		f(&o)
+	}
+	return o
 }

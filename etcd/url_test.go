@@ -39,14 +39,20 @@ func TestOpenURL(t *testing.T) {
 func TestOpenBadURL(t *testing.T) {
 	ctx := ctxFor(t)
 	bad := []struct{ url, want string }{
-		{"etcd://", "names no endpoint"},
-		{"etcd://127.0.0.1:2379,,127.0.0.1:2380", `endpoint "" in`},
+		{"etcd://", "no endpoint"},
+		{"etcd://127.0.0.1:2379,,127.0.0.1:2380", `endpoint "" is not host:port`},
 		{"etcd://localhost", "is not host:port"},
 		{"etcd://127.0.0.1:2379/app", "the key prefix is the parameter prefix"},
-		{"etcd://127.0.0.1:2379?dialtimeout=soon", "positive Go duration"},
-		{"etcd://127.0.0.1:2379?electiontimeout=-1s", "positive Go duration"},
-		{"etcd://127.0.0.1:2379?prefix=a&prefix=b", "given 2 times"},
-		{"etcd://127.0.0.1:2379?colour=red", "valid: autorenew, dialtimeout, drift, electiontimeout, maxhold, prefix, ttl"},
+		{"etcd://127.0.0.1:2379?dialtimeout=soon", "dialtimeout=\"soon\": want a Go duration from 10ms to 10m0s"},
+		{"etcd://127.0.0.1:2379?dialtimeout=1h", "dialtimeout=\"1h\": want a Go duration from 10ms to 10m0s"},
+		{"etcd://127.0.0.1:2379?electiontimeout=-1s", "electiontimeout=\"-1s\": want a Go duration from 1ms to 50s"},
+		{"etcd://127.0.0.1:2379?electiontimeout=51s", "from 1ms to 50s"},
+		{"etcd://127.0.0.1:2379?prefix=a&prefix=b", "given more than once"},
+		{"etcd://root@127.0.0.1:2379", "a user name but no password"},
+		{"etcd://:S3cret@127.0.0.1:2379", "a password but no user name"},
+		{"etcd://root:@127.0.0.1:2379", `user "root" has an empty password`},
+		{"etcd:127.0.0.1:2379", "no // after etcd:"},
+		{"etcd://127.0.0.1:2379?colour=red", "valid: autorenew, ca_file, cert_file, dialtimeout, drift, electiontimeout, key_file, maxhold, prefix, server_name, skip_verify, ttl"},
 	}
 	for _, tc := range bad {
 		c, err := lock.Open(ctx, tc.url)
@@ -57,6 +63,11 @@ func TestOpenBadURL(t *testing.T) {
 		}
 		if !errors.Is(err, lock.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Open(%q): %v; want ErrInvalid mentioning %q", tc.url, err, tc.want)
+		}
+		// Open shows the URL, redacted, once; the backend names only the
+		// part that is wrong.
+		if shown := lock.RedactURL(tc.url); strings.Contains(shown, "127.0.0.1") && strings.Count(err.Error(), shown) != 1 {
+			t.Errorf("Open(%q): %v; want the redacted URL %q shown once", tc.url, err, shown)
 		}
 	}
 }

@@ -6,6 +6,8 @@
 package etcdtest
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -22,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 
 	"github.com/distlock/lock/conformance/serverproc"
@@ -60,6 +63,10 @@ func runMember(args []string) int {
 	client := fs.Int("client", 0, "client port")
 	peer := fs.Int("peer", 0, "peer port")
 	cluster := fs.String("cluster", "", "initial cluster: name=http://127.0.0.1:port,...")
+	certFile := fs.String("cert-file", "", "server certificate: the client URL serves TLS")
+	keyFile := fs.String("key-file", "", "server certificate's key")
+	caFile := fs.String("trusted-ca-file", "", "CA of client certificates (etcd then requires one)")
+	clientCertAuth := fs.Bool("client-cert-auth", false, "require a client certificate signed by -trusted-ca-file")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -74,6 +81,15 @@ func runMember(args []string) int {
 	cfg.TickMs = tickMs
 	cfg.ElectionMs = electionMs
 	cu := url.URL{Scheme: "http", Host: "127.0.0.1:" + strconv.Itoa(*client)}
+	if *certFile != "" {
+		cu.Scheme = "https"
+		cfg.ClientTLSInfo = transport.TLSInfo{
+			CertFile:       *certFile,
+			KeyFile:        *keyFile,
+			TrustedCAFile:  *caFile,
+			ClientCertAuth: *clientCertAuth,
+		}
+	}
 	pu := url.URL{Scheme: "http", Host: "127.0.0.1:" + strconv.Itoa(*peer)}
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{pu}, []url.URL{pu}
@@ -161,9 +177,17 @@ func freePorts(t testing.TB, n int) []int {
 
 // Healthy reports whether the etcd member at addr has a leader and serves
 // requests.
-func Healthy(addr string) bool {
-	c := http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	resp, err := c.Get("http://" + addr + "/health")
+func Healthy(addr string) bool { return healthy(addr, nil) }
+
+// healthy asks the member at addr for /health, over TLS with cfg when cfg
+// is not nil.
+func healthy(addr string, cfg *tls.Config) bool {
+	c := http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true, TLSClientConfig: cfg}}
+	scheme := "http://"
+	if cfg != nil {
+		scheme = "https://"
+	}
+	resp, err := c.Get(scheme + addr + "/health")
 	if err != nil {
 		return false
 	}
@@ -179,6 +203,52 @@ func Start(t testing.TB) *serverproc.Process {
 	return serverproc.Start(t,
 		[]string{os.Args[0], "-client", serverproc.PortPlaceholder, "-peer", strconv.Itoa(peer)},
 		serverproc.Options{Env: []string{memberEnv + "=1"}, Ready: Healthy})
+}
+
+// TLS is the TLS set-up of a member's client URL, for StartTLS: PEM files,
+// such as those of package testca.
+type TLS struct {
+	// CertFile and KeyFile are the server's certificate and key
+	// (etcd's --cert-file, --key-file).
+	CertFile, KeyFile string
+	// CAFile is the CA that signed the server's certificate, which the
+	// readiness check trusts.
+	CAFile string
+	// ClientCertAuth makes the member refuse clients without a
+	// certificate signed by CAFile (--client-cert-auth and
+	// --trusted-ca-file CAFile; etcd requires client certificates
+	// whenever it is given a trusted CA file).
+	ClientCertAuth bool
+	// ClientCertFile and ClientKeyFile are a client certificate and key
+	// signed by CAFile, which the readiness check presents when
+	// ClientCertAuth is set.
+	ClientCertFile, ClientKeyFile string
+}
+
+// StartTLS starts a one-member etcd cluster, like Start, whose client URL
+// serves TLS only (https), with tc's certificates. It waits until the
+// member answers /health over TLS, trusting tc.CAFile.
+func StartTLS(t testing.TB, tc TLS) *serverproc.Process {
+	t.Helper()
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: x509.NewCertPool()}
+	pem, err := os.ReadFile(tc.CAFile)
+	if err != nil || !cfg.RootCAs.AppendCertsFromPEM(pem) {
+		t.Fatalf("etcdtest: CA file %s: %v (or no PEM certificate)", tc.CAFile, err)
+	}
+	args := []string{os.Args[0], "-client", serverproc.PortPlaceholder, "-peer", strconv.Itoa(freePorts(t, 1)[0]),
+		"-cert-file", tc.CertFile, "-key-file", tc.KeyFile}
+	if tc.ClientCertAuth {
+		args = append(args, "-client-cert-auth", "-trusted-ca-file", tc.CAFile)
+		cert, err := tls.LoadX509KeyPair(tc.ClientCertFile, tc.ClientKeyFile)
+		if err != nil {
+			t.Fatalf("etcdtest: client certificate: %v", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return serverproc.Start(t, args, serverproc.Options{
+		Env:   []string{memberEnv + "=1"},
+		Ready: func(addr string) bool { return healthy(addr, cfg) },
+	})
 }
 
 // StartCluster starts an etcd cluster of n members, each a process of its
