@@ -103,9 +103,70 @@
 //
 // # URLs
 //
-// consul://host:port and consuls://host:port (HTTPS), with parameters
-// prefix (key prefix, default "lock/"), token (ACL token), minttl (the
-// servers' session_ttl_min, default 10s) and lockdelay (default 1s).
+//	consul://[user:password@]host:port[?params]
+//	consuls://[user:password@]host:port[?params]
+//
+// consul:// speaks HTTP to the agent; consuls:// speaks HTTPS (HTTP/1.1
+// over TLS 1.2 or later, to the agent's ports.https). The parameters,
+// besides package lock's own (ttl, drift, maxhold, autorenew):
+//
+//	prefix       key prefix (default DefaultPrefix)
+//	minttl       the servers' session_ttl_min, more than 0 to MaxTTL
+//	             (default DefaultMinTTL)
+//	lockdelay    the sessions' lock-delay, 0 to MaxLockDelay (default
+//	             DefaultLockDelay)
+//	token        ACL token (a secret: lock.RedactURL and lock.Open's
+//	             errors hide it)
+//	token_file   path of a file holding the ACL token (surrounding white
+//	             space trimmed), for secrets managers that write one;
+//	             read once, by Open; not with token
+//	ca_file      consuls only: PEM file of the CAs to trust instead of the
+//	             system's roots
+//	cert_file    consuls only: client certificate (PEM), with key_file,
+//	             for agents with tls.https.verify_incoming
+//	key_file     consuls only: the client certificate's key (PEM)
+//	server_name  consuls only: the name the agent's certificate must
+//	             carry, when it is not the host dialled; default the host
+//	skip_verify  consuls only: true accepts any certificate, so anyone on
+//	             the path can read and change the traffic; for tests
+//	             only, and refused with ca_file or server_name
+//
+// A TLS parameter on consul:// is an error that says to use consuls://.
+// user:password@ (or user@) is sent as HTTP basic authentication with
+// every request, for a proxy in front of the agent: Consul itself ignores
+// it, its ACLs take the token. Every duration is checked against its range
+// by Open, before any request.
+//
+// # Environment
+//
+// The Consul API client reads CONSUL_* environment variables; a backend
+// opened from a URL builds its client so that only these have an effect:
+//
+//	CONSUL_HTTP_TOKEN_FILE  the ACL token, read from the file, when the URL
+//	                        has neither token nor token_file
+//	CONSUL_HTTP_TOKEN       the ACL token, when the URL has neither token
+//	                        nor token_file and CONSUL_HTTP_TOKEN_FILE is
+//	                        unset
+//	CONSUL_NAMESPACE        the namespace of every request (Consul
+//	                        Enterprise), as with Consul's own tools
+//	CONSUL_PARTITION        the admin partition of every request (Consul
+//	                        Enterprise)
+//
+// The token variables are kept because they are the usual way to hand a
+// Consul token to a process without putting it in a URL or a command
+// line, and Consul's own tools read them; a token in the URL always wins
+// over them. The namespace and partition go with the token (an ACL token
+// belongs to one), and the API client offers no way to send none when they
+// are set. Everything else comes from the URL alone: CONSUL_HTTP_ADDR,
+// CONSUL_HTTP_SSL, CONSUL_HTTP_SSL_VERIFY, CONSUL_CACERT, CONSUL_CAPATH,
+// CONSUL_CLIENT_CERT, CONSUL_CLIENT_KEY, CONSUL_TLS_SERVER_NAME and
+// CONSUL_HTTP_AUTH have no effect: in particular CONSUL_HTTP_SSL_VERIFY=false
+// does not turn off certificate checks for consuls://. HTTP_PROXY,
+// HTTPS_PROXY and NO_PROXY apply, as in every Go HTTP client (loopback
+// addresses are never proxied).
+//
+// A backend made with New uses the client it is given, configured however
+// its caller chose (api.DefaultConfig reads all of the CONSUL_* variables).
 package consul
 
 import (
@@ -143,6 +204,9 @@ const MaxTTL = 24 * time.Hour
 // from its watch within milliseconds, and nobody can take the key for the
 // lock-delay meanwhile.
 const DefaultLockDelay = time.Second
+
+// MaxLockDelay is Consul's longest lock-delay.
+const MaxLockDelay = time.Minute
 
 // A lock's session lives a quarter longer than the lock's TTL (its
 // reserve, less near MaxTTL): a session whose latest confirmed creation or
@@ -258,8 +322,8 @@ func New(cli *api.Client, opts ...Option) (*Backend, error) {
 	switch {
 	case o.minTTL <= 0 || o.minTTL > MaxTTL:
 		return nil, fmt.Errorf("%w: consul: minimum TTL %v; want more than 0 and at most %v", backend.ErrInvalid, o.minTTL, MaxTTL)
-	case o.lockDelay < 0 || o.lockDelay > time.Minute:
-		return nil, fmt.Errorf("%w: consul: lock-delay %v; want 0 to 60s", backend.ErrInvalid, o.lockDelay)
+	case o.lockDelay < 0 || o.lockDelay > MaxLockDelay:
+		return nil, fmt.Errorf("%w: consul: lock-delay %v; want 0 to %v", backend.ErrInvalid, o.lockDelay, MaxLockDelay)
 	}
 	if why := prefixProblem(o.prefix); why != "" {
 		return nil, fmt.Errorf("%w: consul: prefix %q %s: Consul's HTTP API would read other entries than the transactions write; want printable UTF-8 whose segments before the last '/' are not empty, \".\" or \"..\", such as %q", backend.ErrInvalid, o.prefix, why, DefaultPrefix)

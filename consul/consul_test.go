@@ -295,8 +295,8 @@ func TestOpenURL(t *testing.T) {
 		{"consuls://127.0.0.1:8501?prefix=app/locks/&minttl=1s&lockdelay=0s&token=x", ""},
 		{"consul://127.0.0.1:8500?colour=red", `unknown query parameter "colour"`},
 		{"consul://127.0.0.1:8500?minttl=soon", "minttl=\"soon\""},
-		{"consul://127.0.0.1:8500/some/path", "has a path"},
-		{"consul:///", "has no host"},
+		{"consul://127.0.0.1:8500/some/path", `path "/some/path"`},
+		{"consul:///", "no host"},
 	} {
 		c, err := lock.Open(ctx, tc.url)
 		if tc.want == "" {

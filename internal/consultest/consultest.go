@@ -4,6 +4,8 @@
 package consultest
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
@@ -77,10 +79,72 @@ func moduleRoot() (string, error) {
 	}
 }
 
-// Agent is a Consul server agent started by Start.
+// Agent is a Consul server agent started by Start or StartTLS.
 type Agent struct {
 	*serverproc.Process
-	data string
+	// HTTPSAddr is host:port of the agent's HTTPS API (StartTLS only).
+	HTTPSAddr string
+	data      string
+}
+
+// TLS is the TLS set-up of an agent's HTTPS API, for StartTLS: PEM files,
+// such as those of package testca.
+type TLS struct {
+	// CertFile and KeyFile are the agent's certificate and key.
+	CertFile, KeyFile string
+	// CAFile is the CA that signed the agent's certificate and the
+	// client certificates it accepts.
+	CAFile string
+	// VerifyIncoming makes the HTTPS API refuse clients without a
+	// certificate signed by CAFile.
+	VerifyIncoming bool
+	// ClientCertFile and ClientKeyFile are a client certificate and key
+	// signed by CAFile, which the readiness check presents when
+	// VerifyIncoming is set.
+	ClientCertFile, ClientKeyFile string
+}
+
+// StartTLS starts a single-server agent, like Start, that also serves its
+// HTTP API over TLS on HTTPSAddr (Consul's ports.https and tls.https
+// settings). The plain HTTP API stays on Addr. It waits until the agent
+// has a leader and answers over HTTPS, trusting tc.CAFile.
+func StartTLS(t testing.TB, tc TLS) *Agent {
+	t.Helper()
+	bin := Binary(t)
+	dir := t.TempDir()
+	data := filepath.Join(dir, "data")
+	if err := os.Mkdir(data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: x509.NewCertPool()}
+	pem, err := os.ReadFile(tc.CAFile)
+	if err != nil || !cfg.RootCAs.AppendCertsFromPEM(pem) {
+		t.Fatalf("consultest: CA file %s: %v (or no PEM certificate)", tc.CAFile, err)
+	}
+	if tc.VerifyIncoming {
+		cert, err := tls.LoadX509KeyPair(tc.ClientCertFile, tc.ClientKeyFile)
+		if err != nil {
+			t.Fatalf("consultest: client certificate: %v", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	ports := freePorts(t, 4)
+	httpsAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[3]))
+	argv := append(AgentArgs(bin, data, serverproc.PortPlaceholder, [3]int{ports[0], ports[1], ports[2]}),
+		"-hcl", fmt.Sprintf(`ports { https = %d }`, ports[3]),
+		"-hcl", fmt.Sprintf(`tls { https { ca_file = %q cert_file = %q key_file = %q verify_incoming = %t } }`,
+			tc.CAFile, tc.CertFile, tc.KeyFile, tc.VerifyIncoming))
+	ready := func(addr string) bool {
+		c := http.Client{Timeout: time.Second, Transport: &http.Transport{TLSClientConfig: cfg, DisableKeepAlives: true}}
+		resp, err := c.Get("https://" + httpsAddr + "/v1/status/leader")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK && Ready(addr)
+	}
+	p := serverproc.Start(t, argv, serverproc.Options{Dir: dir, Ready: ready, ReadyTimeout: time.Minute})
+	return &Agent{Process: p, HTTPSAddr: httpsAddr, data: data}
 }
 
 // Start starts a single-server agent that keeps its state in a data dir,
