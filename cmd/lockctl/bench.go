@@ -36,6 +36,12 @@ func (e *environment) bench(ctx context.Context, args []string) int {
 	}
 	defer locks.Close()
 	prefix := fmt.Sprintf("lockctl-bench/%d/", time.Now().UnixNano())
+	// A backend that cannot be reached fails here, in one line, not as
+	// scenarios of zero cycles.
+	if err := probe(ctx, locks, prefix+"probe"); err != nil {
+		e.printf(e.stderr, "lockctl bench: backend %s: %v\n", lock.RedactURL(url), err)
+		return exitBackend
+	}
 
 	e.printf(e.stdout, "Backend: %s, %v per scenario, GOMAXPROCS %d\n\n", lock.RedactURL(url), *duration, runtime.GOMAXPROCS(0))
 	fmt.Fprintf(e.stdout, "%-40s %12s %10s %10s %10s\n", "scenario", "cycles/s", "p50", "p90", "p99")
