@@ -238,8 +238,10 @@ func startedByLockctl(nonce string) error {
 	if err != nil {
 		return err
 	}
+	// A parent this process may not look into (not dumpable) leaves the
+	// nonce to tell.
 	parent, err := os.Stat(fmt.Sprintf("/proc/%d/exe", os.Getppid()))
-	if err != nil || !os.SameFile(self, parent) {
+	if err != nil && !errors.Is(err, fs.ErrPermission) || err == nil && !os.SameFile(self, parent) {
 		return errors.New("the parent process is not lockctl")
 	}
 	// lockctl writes the nonce before it starts the guard.

@@ -1,8 +1,8 @@
 // Command lockctl runs a command under a distributed lock, inspects locks,
 // tells the story of the problem locks solve, and measures a backend.
 //
-//	export LOCK_BACKEND=redis://localhost:6379
 //	lockctl demo                                   # flash sale and GC pause, in memory
+//	export LOCK_BACKEND=redis://localhost:6379     # or redis://:PASSWORD@host:6379
 //	lockctl run nightly-report -- ./report.sh
 //	lockctl status nightly-report
 //	lockctl bench

@@ -193,7 +193,7 @@ func TestNoOutputHoldsTheURLsSecrets(t *testing.T) {
 	// once.
 	work := make(chan call)
 	var wg sync.WaitGroup
-	for range 32 {
+	for range 128 {
 		wg.Go(func() {
 			for c := range work {
 				ctx, cancel := context.WithTimeout(context.Background(), 250*time.Millisecond)
