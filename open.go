@@ -108,7 +108,7 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Client, error) {
 	}
 	c, err := open(ctx, rawURL, opts)
 	if err != nil {
-		return nil, &openError{url: RedactURL(rawURL), err: err, msg: scrub(strings.TrimPrefix(err.Error(), "lock: "), rawURL)}
+		return nil, &openError{url: RedactURL(rawURL), err: err, msg: RedactText(strings.TrimPrefix(err.Error(), "lock: "), rawURL)}
 	}
 	return c, nil
 }

@@ -14,7 +14,7 @@ import (
 // which nothing can be told apart. Every message of this module that shows
 // a URL shows RedactURL's form of it, and every message about a URL that
 // is built from other errors (url.Parse's, a backend's) is passed through
-// scrub, which cuts out each secret value that RedactURL found, wherever it
+// RedactText, which cuts out each secret value that RedactURL found, wherever it
 // appears. The rule works on the raw text, not on url.Parse's result, so
 // that it holds for the URLs url.Parse refuses (a bad escape, a bad port):
 // those are the ones whose errors get printed.
@@ -42,7 +42,7 @@ func RedactURL(rawURL string) string {
 }
 
 // redact returns RedactURL's form of raw and the secret values it cut out
-// (decoded and as written), for scrub.
+// (decoded and as written), for RedactText.
 func redact(raw string) (string, []string) {
 	var secrets []string
 	hide := func(s string) string {
@@ -194,23 +194,26 @@ func isSecretParam(scheme, name string) bool {
 	return false
 }
 
-// minScrubbed is the shortest secret scrub cuts out of free text. A
+// minScrubbed is the shortest secret RedactText cuts out of free text. A
 // shorter one (a 2-character password) would cut letters out of every
 // word of the message; such a secret is redacted only where the URL is
 // shown, by RedactURL.
 const minScrubbed = 3
 
-// scrub returns msg with every secret of rawURL that it contains replaced
-// by "xxxxx": for messages built from other errors about rawURL
-// (url.Parse's, a backend's), which may quote any part of it.
-func scrub(msg, rawURL string) string {
+// RedactText returns text with every secret of rawURL that it contains
+// (each part RedactURL hides, as written and unescaped, of 3 bytes or
+// more) replaced by "xxxxx": for messages built from errors about rawURL
+// (url.Parse's, a backend's, a store's), which may quote any part of it.
+// lock.Open applies it to its errors; tools apply it to every later error
+// they print about the backend.
+func RedactText(text, rawURL string) string {
 	_, secrets := redact(rawURL)
 	for _, s := range secrets {
 		if len(s) >= minScrubbed {
-			msg = strings.ReplaceAll(msg, s, redacted)
+			text = strings.ReplaceAll(text, s, redacted)
 		}
 	}
-	return msg
+	return text
 }
 
 // URLHasSecrets reports whether rawURL carries something RedactURL hides:

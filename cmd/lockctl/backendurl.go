@@ -86,7 +86,7 @@ func (e *environment) backend(b *backendFlags) (rawURL string, code int, ok bool
 	if rawURL == "" {
 		return "", e.usageError(cmd, "no backend: set %s, or give --backend-file PATH or --backend URL (schemes: %s)", backendEnv, strings.Join(lock.Schemes(), ", ")), false
 	}
-	e.secrets = urlSecrets(rawURL)
+	e.rawURL = rawURL
 	if fromFlag && carriesCredentials(rawURL) {
 		e.printf(e.stderr, "lockctl %s: warning: the --backend URL carries credentials, and every local user can read lockctl's command line (ps, /proc/PID/cmdline) while it runs; set %s or give --backend-file PATH instead\n", cmd, backendEnv)
 	}
@@ -128,60 +128,12 @@ func readBackendFile(path string) (string, error) {
 	return u, nil
 }
 
-// redactedMark is what lock.RedactURL puts in place of a secret.
-const redactedMark = "xxxxx"
-
-// minSecret is the shortest secret cut out of messages: a shorter one
-// would cut letters out of words (lock.RedactURL hides it in the URL).
-const minSecret = 3
-
-// urlSecrets returns the parts of rawURL that lock.RedactURL hides (as
-// written and unescaped): RedactURL's form is rawURL with each secret
-// replaced by "xxxxx", and the text between the marks is found in rawURL
-// in order. When the two cannot be matched up, it returns what it found
-// so far: the library's own errors are redacted already.
-func urlSecrets(rawURL string) []string {
-	parts := strings.Split(lock.RedactURL(rawURL), redactedMark)
-	if len(parts) < 2 || !strings.HasPrefix(rawURL, parts[0]) {
-		return nil
-	}
-	var found []string
-	add := func(s string) {
-		if len(s) < minSecret {
-			return
-		}
-		found = append(found, s)
-		if d, err := url.PathUnescape(s); err == nil && d != s {
-			found = append(found, d)
-		}
-		if d, err := url.QueryUnescape(s); err == nil && d != s {
-			found = append(found, d)
-		}
-	}
-	rest := rawURL[len(parts[0]):]
-	for i, seg := range parts[1:] {
-		if i == len(parts)-2 { // the last: the rest of rawURL ends with it
-			if strings.HasSuffix(rest, seg) {
-				add(rest[:len(rest)-len(seg)])
-			}
-			break
-		}
-		j := strings.Index(rest, seg)
-		if seg == "" || j < 0 {
-			break
-		}
-		add(rest[:j])
-		rest = rest[j+len(seg):]
-	}
-	return found
-}
-
 // scrub returns s with every secret of the backend URL cut out.
 func (e *environment) scrub(s string) string {
-	for _, secret := range e.secrets {
-		s = strings.ReplaceAll(s, secret, redactedMark)
+	if e.rawURL == "" {
+		return s
 	}
-	return s
+	return lock.RedactText(s, e.rawURL)
 }
 
 // urlTTL is the ttl parameter of a URL that lock.Open accepted, if it has

@@ -153,7 +153,7 @@ func lockctl(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 type environment struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
-	secrets        []string // the backend URL's secrets, cut out of every message (see backend)
+	rawURL         string // the backend URL, whose secrets are cut out of every message (see backend)
 }
 
 // usageError prints a one-line message, its arguments shown (see show),
