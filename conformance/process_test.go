@@ -2,14 +2,28 @@ package conformance
 
 import (
 	"context"
+	"net"
+	"net/url"
 	"os"
 	"testing"
 	"time"
 
 	"github.com/distlock/lock"
-	"github.com/distlock/lock/internal/redistest"
-	_ "github.com/distlock/lock/redis" // redis:// for the helper
+	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/memory"
+	"github.com/distlock/lock/memory/netstore"
 )
+
+// netstoreScheme reaches a netstore server, netstoretest://HOST:PORT: a
+// store that this test and its helper process, another run of this test
+// binary, share over the network.
+const netstoreScheme = "netstoretest"
+
+func init() {
+	lock.Register(netstoreScheme, nil, func(_ context.Context, u *url.URL) (backend.Backend, error) {
+		return netstore.New(u.Host)
+	})
+}
 
 func TestMain(m *testing.M) {
 	MaybeContend() // a helper process of TestHelperTimesShareTheRunsClock
@@ -21,8 +35,13 @@ func TestMain(m *testing.M) {
 // this process's release, on the merged clock, and soon after it; its
 // history merges into the run's and passes the check.
 func TestHelperTimesShareTheRunsClock(t *testing.T) {
-	srv := redistest.Start(t, redistest.NoPersistence)
-	url := "redis://" + srv.Addr
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := netstore.Serve(ln, memory.NewStore())
+	defer srv.Close()
+	url := netstoreScheme + "://" + srv.Addr().String()
 	ctx := context.Background()
 	rec := newRecorder()
 	c, err := lock.Open(ctx, url, lock.WithTTL(10*time.Second))
