@@ -23,6 +23,10 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/coreos/go-semver v0.3.1 // indirect
 	github.com/coreos/go-systemd/v22 v22.7.0 // indirect
+	github.com/distlock/lock/consul v0.0.0-00010101000000-000000000000
+	github.com/distlock/lock/etcd v0.0.0-00010101000000-000000000000
+	github.com/distlock/lock/internal/redistest v0.0.0-00010101000000-000000000000
+	github.com/distlock/lock/redis v0.0.0-00010101000000-000000000000
 	github.com/dustin/go-humanize v1.1.0 // indirect
 	github.com/fatih/color v1.19.0 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect
@@ -89,3 +93,13 @@ require (
 	k8s.io/utils v0.0.0-20260108192941-914a6e750570 // indirect
 	sigs.k8s.io/yaml v1.6.0 // indirect
 )
+
+replace github.com/distlock/lock/redis => ../redis
+
+replace github.com/distlock/lock/etcd => ../etcd
+
+replace github.com/distlock/lock/consul => ../consul
+
+replace github.com/distlock/lock/internal/redistest => ../internal/redistest
+
+replace github.com/distlock/lock/internal/etcdtest => ../internal/etcdtest

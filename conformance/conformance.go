@@ -114,12 +114,14 @@ package conformance
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/fence"
 )
 
 // Harness gives the suite access to one store.
@@ -188,6 +190,17 @@ type ConnResetter interface {
 // own.
 type Restarter interface {
 	Restart(ctx context.Context, keepData bool) error
+}
+
+// SQLResourcer is an optional Harness hook: a SQL database in which the
+// fault runs keep a second fenced resource, a fence.Table (created there,
+// named lock_conformance_fences) written through Apply in transactions of
+// its own, beside the in-memory fence.Guard every run checks. db must take
+// concurrent transactions (a SQLite database needs _txlock=immediate and a
+// busy timeout); the suite does not close it. The suite imports no SQL
+// driver: the harness brings its own.
+type SQLResourcer interface {
+	SQLResource(t *testing.T) (db *sql.DB, dialect fence.Dialect)
 }
 
 // Option configures a run of the suite.

@@ -19,7 +19,6 @@ import (
 	"github.com/distlock/lock"
 	"github.com/distlock/lock/backend"
 	"github.com/distlock/lock/fence"
-	_ "modernc.org/sqlite" // the SQL fenced resource
 )
 
 // Randomized fault runs: contenders take and release locks on a few keys
@@ -35,8 +34,9 @@ import (
 //   - the validity intervals of the holders of one key never overlap on this
 //     process's monotonic clock (an interval runs from Acquire's return to
 //     the earlier of the lease's deadline and the call of Release);
-//   - the fenced resources (fence.Guard in memory, and a fence.Table in a
-//     SQLite database, written through Apply in transactions) never refuse
+//   - the fenced resources (fence.Guard in memory, and, with the harness
+//     hook SQLResourcer, a fence.Table in the harness's SQL database,
+//     written through Apply in transactions) never refuse
 //     the write of a lease that is still valid: that would mean that a
 //     holder with a higher fence wrote while the lease was valid, or that
 //     fences went backwards;
@@ -229,7 +229,10 @@ func (s *suite) faultRun(t *testing.T, seed uint64, o faultOptions) *faultResult
 	}
 	rec := newRecorder()
 	var guard fence.Guard
-	sqlRes := newSQLResource(t)
+	var sqlRes *sqlResource
+	if sr, ok := s.h.(SQLResourcer); ok {
+		sqlRes = newSQLResource(t, sr)
+	}
 	intervals := map[string][]interval{}
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
@@ -259,6 +262,9 @@ func (s *suite) faultRun(t *testing.T, seed uint64, o faultOptions) *faultResult
 				err := guard.Do(key, l.Fence(), l.Token(), func() error { return nil })
 				if errors.Is(err, fence.ErrStale) && time.Now().Before(l.Deadline()) && l.Err() == nil {
 					violate("client %d: a fenced resource refused fence %d of a lease of %q that is still valid: a holder with a higher fence wrote while this lease was valid (two valid leases at once), or fences went backwards (%v)", i, l.Fence(), key, err)
+				}
+				if sqlRes == nil {
+					return
 				}
 				err = sqlRes.write(key, l.Fence(), l.Token())
 				switch {
@@ -454,28 +460,27 @@ func (ct *contender) run(ctx context.Context) {
 	}
 }
 
-// sqlResource is the SQL fenced resource of a fault run: a SQLite database
-// (pure Go, in the test's temporary directory) whose writes go through
-// fence.Table.Apply in their own transactions, beside the in-memory
-// fence.Guard: the same rule, kept by a database.
+// sqlResource is the SQL fenced resource of a fault run: a fence.Table in
+// the harness's database (SQLResourcer) whose writes go through Apply in
+// their own transactions, beside the in-memory fence.Guard: the same rule,
+// kept by a database.
 type sqlResource struct {
 	db    *sql.DB
 	table *fence.Table
 }
 
-func newSQLResource(t *testing.T) *sqlResource {
+// sqlTable is the fence table of the fault runs in the harness's database.
+const sqlTable = "lock_conformance_fences"
+
+func newSQLResource(t *testing.T, sr SQLResourcer) *sqlResource {
 	t.Helper()
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "fenced.db")+"?_txlock=immediate&_busy_timeout=20000&_journal_mode=WAL")
+	db, dialect := sr.SQLResource(t)
+	table, err := fence.NewTable(dialect, sqlTable)
 	if err != nil {
-		t.Fatalf("fault runs: SQLite: %v", err)
-	}
-	t.Cleanup(func() { db.Close() })
-	table, err := fence.NewTable(fence.SQLite, "fences")
-	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("fault runs: the harness's SQL resource: %v", err)
 	}
 	if err := table.Create(context.Background(), db); err != nil {
-		t.Fatalf("fault runs: SQLite fence table: %v", err)
+		t.Fatalf("fault runs: the harness's SQL resource: creating the fence table: %v", err)
 	}
 	return &sqlResource{db: db, table: table}
 }

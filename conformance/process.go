@@ -15,9 +15,9 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/anishathalye/porcupine"
-	"golang.org/x/sys/unix"
 
 	"github.com/distlock/lock"
 )
@@ -34,7 +34,7 @@ import (
 // meanwhile: a process paused past its lease, as by a long GC pause. (The
 // fenced resource of the run lives in the test process: the helpers'
 // sections are checked by their intervals and the history; the GC-pause
-// story with a fenced resource is internal/gcpause's test.)
+// story with a fenced resource is internal/sqltest/gcpause's test.)
 
 // ProcessContenders is an optional Harness hook for stores that other
 // processes can reach.
@@ -84,11 +84,15 @@ type childSection struct {
 	Start, End int64 // ns since the helper's recorder started
 }
 
-// monoNow reads CLOCK_MONOTONIC.
+// clockMonotonic is Linux's CLOCK_MONOTONIC.
+const clockMonotonic = 1
+
+// monoNow reads CLOCK_MONOTONIC, which every process of the machine
+// shares (Go's own monotonic readings have a per-process origin).
 func monoNow() int64 {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		panic("conformance: clock_gettime(CLOCK_MONOTONIC): " + err.Error())
+	var ts syscall.Timespec
+	if _, _, errno := syscall.Syscall(syscall.SYS_CLOCK_GETTIME, clockMonotonic, uintptr(unsafe.Pointer(&ts)), 0); errno != 0 {
+		panic("conformance: clock_gettime(CLOCK_MONOTONIC): " + errno.Error())
 	}
 	return ts.Nano()
 }

@@ -1,10 +1,11 @@
-package fence
+package fencesql
 
 import (
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/distlock/lock/fence"
 	"net"
 	"os"
 	"os/exec"
@@ -23,19 +24,19 @@ import (
 
 func TestPostgres(t *testing.T) {
 	db := startPostgres(t)
-	testTable(t, db, Postgres)
+	testTable(t, db, fence.Postgres)
 	t.Run("waiter decides on the row the holder left", func(t *testing.T) { testWaiter(t, db) })
 }
 
 // testWaiter holds a resource's row in one transaction (Apply done, not
 // committed) while another transaction's Apply waits for the row lock, then
 // ends the first transaction, at each isolation level of the waiter. It
-// checks what Table.Apply's documentation says of each level.
+// checks what fence.Table.Apply's documentation says of each level.
 func testWaiter(t *testing.T, db *sql.DB) {
-	tbl := newTable(t, db, Postgres, "fences_wait")
+	tbl := newTable(t, db, fence.Postgres, "fences_wait")
 	const (
 		accepted      = "accepted"
-		stale         = "ErrStale"
+		stale         = "fence.ErrStale"
 		serialization = "serialization failure"
 	)
 	cases := []struct {
@@ -115,7 +116,7 @@ func testWaiter(t *testing.T, db *sql.DB) {
 			var pgErr *pgconn.PgError
 			got := accepted
 			switch {
-			case errors.Is(err, ErrStale):
+			case errors.Is(err, fence.ErrStale):
 				got = stale
 			case errors.As(err, &pgErr) && pgErr.Code == "40001":
 				got = serialization

@@ -1,10 +1,12 @@
-package fence
+package fencesql
 
 import (
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/distlock/lock/fence"
+	"github.com/distlock/lock/internal/fencerule"
 	"math"
 	"path/filepath"
 	"strings"
@@ -16,7 +18,7 @@ import (
 	_ "modernc.org/sqlite"
 )
 
-// openSQLite opens a new SQLite database file with the settings Table.Apply
+// openSQLite opens a new SQLite database file with the settings fence.Table.Apply
 // asks for: BEGIN IMMEDIATE and a busy timeout.
 func openSQLite(t *testing.T) *sql.DB {
 	t.Helper()
@@ -37,18 +39,18 @@ func openSQLite(t *testing.T) *sql.DB {
 
 func TestSQLite(t *testing.T) {
 	db := openSQLite(t)
-	testTable(t, db, SQLite)
+	testTable(t, db, fence.SQLite)
 }
 
 // testTable runs the tests every dialect passes, on db.
-func testTable(t *testing.T, db *sql.DB, d Dialect) {
+func testTable(t *testing.T, db *sql.DB, d fence.Dialect) {
 	t.Run("rule", func(t *testing.T) { testTableRule(t, db, d) })
 	t.Run("rollback on stale leaves the write out", func(t *testing.T) { testRollback(t, db, d) })
 	t.Run("bad input", func(t *testing.T) { testTableBadInput(t, db, d) })
 	t.Run("race", func(t *testing.T) {
 		tbl := newTable(t, db, d, "fences_race")
 		workers, rounds := 4, 60
-		if d == Postgres {
+		if d == fence.Postgres {
 			workers, rounds = 8, 60
 		}
 		r := race(t, db, d, tbl, workers, rounds)
@@ -64,12 +66,7 @@ func testTable(t *testing.T, db *sql.DB, d Dialect) {
 	// WHERE clause must lose updates, or the race above proves nothing.
 	t.Run("race without the WHERE clause loses updates", func(t *testing.T) {
 		tbl := newTable(t, db, d, "fences_unfenced")
-		i := strings.Index(tbl.upsert, " WHERE ")
-		if i < 0 {
-			t.Fatalf("no WHERE clause in %q", tbl.upsert)
-		}
-		tbl.upsert = tbl.upsert[:i]
-		r := race(t, db, d, tbl, 4, 20)
+		r := race(t, db, d, unfenced{tbl.Name(), d}, 4, 20)
 		t.Logf("%d committed, %d refused, %d stale fences accepted, %d lost updates", r.committed, r.refused, r.staleAccepted, r.lost)
 		if r.lost == 0 || r.staleAccepted == 0 {
 			t.Errorf("%d lost updates, %d stale fences accepted without the fence check; want both > 0", r.lost, r.staleAccepted)
@@ -79,16 +76,16 @@ func testTable(t *testing.T, db *sql.DB, d Dialect) {
 
 // q writes a test statement, written with $1 placeholders, in dialect d
 // (SQLite reads ?1 as the first argument).
-func q(d Dialect, query string) string {
-	if d == SQLite {
+func q(d fence.Dialect, query string) string {
+	if d == fence.SQLite {
 		return strings.ReplaceAll(query, "$", "?")
 	}
 	return query
 }
 
-func newTable(t *testing.T, db *sql.DB, d Dialect, name string) *Table {
+func newTable(t *testing.T, db *sql.DB, d fence.Dialect, name string) *fence.Table {
 	t.Helper()
-	tbl, err := NewTable(d, name)
+	tbl, err := fence.NewTable(d, name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,9 +95,31 @@ func newTable(t *testing.T, db *sql.DB, d Dialect, name string) *Table {
 	return tbl
 }
 
+// applier is what race writes through: a fence.Table, or the unfenced
+// upsert of the negative control.
+type applier interface {
+	Apply(ctx context.Context, tx *sql.Tx, resource string, f uint64, holder string) error
+	Name() string
+}
+
+// unfenced is fence.Table's upsert without its WHERE clause: every fence
+// is accepted, the newest write or not.
+type unfenced struct {
+	name string
+	d    fence.Dialect
+}
+
+func (u unfenced) Name() string { return u.name }
+
+func (u unfenced) Apply(ctx context.Context, tx *sql.Tx, resource string, f uint64, holder string) error {
+	_, err := tx.ExecContext(ctx, q(u.d, "INSERT INTO "+u.name+" AS f (resource, fence, holder) VALUES ($1, $2, $3)"+
+		" ON CONFLICT (resource) DO UPDATE SET fence = excluded.fence, holder = excluded.holder"), resource, int64(f), holder)
+	return err
+}
+
 // offer applies one fence in a transaction of its own, committed when
 // accepted.
-func offer(ctx context.Context, db *sql.DB, tbl *Table, resource string, fence uint64, holder string) error {
+func offer(ctx context.Context, db *sql.DB, tbl *fence.Table, resource string, fence uint64, holder string) error {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
@@ -112,11 +131,11 @@ func offer(ctx context.Context, db *sql.DB, tbl *Table, resource string, fence u
 	return tx.Commit()
 }
 
-func testTableRule(t *testing.T, db *sql.DB, d Dialect) {
+func testTableRule(t *testing.T, db *sql.DB, d fence.Dialect) {
 	tbl := newTable(t, db, d, "fences_rule")
-	for _, s := range ruleSteps {
-		t.Run(s.name, func(t *testing.T) {
-			checkOffer(t, offer(context.Background(), db, tbl, s.resource, s.fence, s.holder), s.want)
+	for _, s := range fencerule.Steps {
+		t.Run(s.Name, func(t *testing.T) {
+			fencerule.Check(t, offer(context.Background(), db, tbl, s.Resource, s.Fence, s.Holder), s.Want)
 		})
 	}
 	// The same lease writing twice in one transaction.
@@ -133,7 +152,7 @@ func testTableRule(t *testing.T, db *sql.DB, d Dialect) {
 	}
 }
 
-func testRollback(t *testing.T, db *sql.DB, d Dialect) {
+func testRollback(t *testing.T, db *sql.DB, d fence.Dialect) {
 	ctx := context.Background()
 	tbl := newTable(t, db, d, "fences_rollback")
 	if _, err := db.ExecContext(ctx, `CREATE TABLE rollback_data (v TEXT NOT NULL)`); err != nil {
@@ -152,8 +171,8 @@ func testRollback(t *testing.T, db *sql.DB, d Dialect) {
 	if _, err := tx.ExecContext(ctx, q(d, `INSERT INTO rollback_data VALUES ($1)`), "late write"); err != nil {
 		t.Fatal(err)
 	}
-	if err := tbl.Apply(ctx, tx, "doc", 5, "old"); !errors.Is(err, ErrStale) {
-		t.Fatalf("fence 5 after 6: %v; want ErrStale", err)
+	if err := tbl.Apply(ctx, tx, "doc", 5, "old"); !errors.Is(err, fence.ErrStale) {
+		t.Fatalf("fence 5 after 6: %v; want fence.ErrStale", err)
 	}
 	if err := tx.Rollback(); err != nil {
 		t.Fatal(err)
@@ -171,9 +190,9 @@ func testRollback(t *testing.T, db *sql.DB, d Dialect) {
 	}
 }
 
-func testTableBadInput(t *testing.T, db *sql.DB, d Dialect) {
+func testTableBadInput(t *testing.T, db *sql.DB, d fence.Dialect) {
 	for _, c := range []struct {
-		dialect Dialect
+		dialect fence.Dialect
 		name    string
 		want    string
 	}{
@@ -185,13 +204,13 @@ func testTableBadInput(t *testing.T, db *sql.DB, d Dialect) {
 		{d, "a.b.c", "letters, digits and underscores"},
 		{d, strings.Repeat("f", 64), "at most 63 bytes"},
 	} {
-		if _, err := NewTable(c.dialect, c.name); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("NewTable(%v, %q): %v; want ErrInvalid saying %q", c.dialect, c.name, err, c.want)
+		if _, err := fence.NewTable(c.dialect, c.name); !errors.Is(err, fence.ErrInvalid) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("fence.NewTable(%v, %q): %v; want fence.ErrInvalid saying %q", c.dialect, c.name, err, c.want)
 		}
 	}
 	for _, name := range []string{"fences", "_f", "app.fences_2", "F" + strings.Repeat("f", 62)} {
-		if _, err := NewTable(d, name); err != nil {
-			t.Errorf("NewTable(%v, %q): %v", d, name, err)
+		if _, err := fence.NewTable(d, name); err != nil {
+			t.Errorf("fence.NewTable(%v, %q): %v", d, name, err)
 		}
 	}
 
@@ -220,8 +239,8 @@ func testTableBadInput(t *testing.T, db *sql.DB, d Dialect) {
 		{"nil transaction", ctx, nil, "r", 9, "a", "nil context or transaction"},
 		{"nil context", nilCtx, tx, "r", 9, "a", "nil context or transaction"},
 	} {
-		if err := tbl.Apply(c.ctx, c.tx, c.resource, c.fence, c.holder); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s: %v; want ErrInvalid saying %q", c.name, err, c.want)
+		if err := tbl.Apply(c.ctx, c.tx, c.resource, c.fence, c.holder); !errors.Is(err, fence.ErrInvalid) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v; want fence.ErrInvalid saying %q", c.name, err, c.want)
 		}
 	}
 	// Nothing reached the table, and the transaction is still usable.
@@ -239,7 +258,7 @@ func testTableBadInput(t *testing.T, db *sql.DB, d Dialect) {
 
 type raceResult struct {
 	committed     int64 // transactions that committed their write
-	refused       int64 // Apply returned ErrStale
+	refused       int64 // Apply returned fence.ErrStale
 	staleAccepted int64 // Apply accepted a fence known to be stale
 	lost          int64 // writes committed after a write with a higher fence
 }
@@ -250,7 +269,7 @@ type raceResult struct {
 // (one below the highest committed, or equal to it from another holder).
 // Each transaction applies its fence, then writes a row that counts as
 // lost every write committed after a write with a higher fence.
-func race(t *testing.T, db *sql.DB, d Dialect, tbl *Table, workers, rounds int) raceResult {
+func race(t *testing.T, db *sql.DB, d fence.Dialect, tbl applier, workers, rounds int) raceResult {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -272,7 +291,7 @@ func race(t *testing.T, db *sql.DB, d Dialect, tbl *Table, workers, rounds int) 
 			return false, err
 		}
 		defer tx.Rollback()
-		if err := tbl.Apply(ctx, tx, "account", f, holder); errors.Is(err, ErrStale) {
+		if err := tbl.Apply(ctx, tx, "account", f, holder); errors.Is(err, fence.ErrStale) {
 			return false, nil
 		} else if err != nil {
 			return false, err
@@ -300,7 +319,7 @@ func race(t *testing.T, db *sql.DB, d Dialect, tbl *Table, workers, rounds int) 
 				}
 				if ok {
 					atomic.AddInt64(&r.committed, 1)
-					raise(&newest, f)
+					fencerule.Raise(&newest, f)
 				} else {
 					atomic.AddInt64(&r.refused, 1)
 				}
