@@ -50,7 +50,7 @@ type batcher struct {
 	deadlines bool
 	// owned is true when the backend created rdb (from a URL): its
 	// calls' contexts are marked so that go-redis's messages about them
-	// are dropped (see SetGoRedisLogger).
+	// are dropped once the program installed SetQuietGoRedisLogger.
 	owned bool
 
 	mu     sync.Mutex

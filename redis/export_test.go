@@ -4,11 +4,15 @@ import (
 	"crypto/tls"
 
 	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/logging"
 )
 
-// ResetGoRedisLogger undoes SetGoRedisLogger for tests: the logger this
-// package installed stays, as after the first lock.Open.
-func ResetGoRedisLogger() { goredisLog.to.Store(nil) }
+// ResetGoRedisLogger undoes SetGoRedisLogger and SetQuietGoRedisLogger
+// for tests: go-redis's logger is its default again.
+func ResetGoRedisLogger() {
+	goredisLog.Store(nil)
+	logging.Enable()
+}
 
 // SlotFenceKey returns the fence counter that WithSlotFenceCounters gives
 // key under prefix.

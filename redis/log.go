@@ -10,7 +10,6 @@ import (
 	"net"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -18,45 +17,60 @@ import (
 )
 
 // go-redis logs through one logger for the whole process (goredis.SetLogger),
-// by default to stderr; see "Logging" in the package doc for what this
-// package does about it. A message is known to be about a client this
-// package created by the call's context (marked by the batcher, the
-// notifier and adoption) or, for failed dials, which go-redis logs on a
-// context of its own, by the error (the owned clients' dialer marks it).
-// The few messages go-redis logs on a background context without such an
-// error (a pool that found no usable connection, a failed close, Cluster
-// node selection when every node fails) cannot be told apart, and are
-// printed unless SetGoRedisLogger routes them.
+// by default to stderr; see "Logging" in the package doc. This package
+// never replaces it on its own: only SetGoRedisLogger and
+// SetQuietGoRedisLogger do, when the program calls them. The clients this
+// package creates (backends opened from a URL) mark what go-redis may log
+// about them, so that the logger those functions install can tell: a call's
+// context is marked by the batcher, the notifier and adoption, and a failed
+// dial, which go-redis logs on a context of its own, by its error (the
+// owned clients' dialer marks it). The few messages go-redis logs on a
+// background context without such an error (a pool that found no usable
+// connection, a failed close, Cluster node selection when every node
+// fails) cannot be told apart, and are printed.
 
 // SetGoRedisLogger routes the messages of go-redis's logger to l, at level
 // Warn with the attribute logger=go-redis, or drops them all when l is nil.
 // It replaces go-redis's logger for the whole process: every go-redis
 // client's messages go there, those of clients this package did not create
-// too, until someone calls goredis.SetLogger (the last call wins).
+// too, until the next call of SetGoRedisLogger, SetQuietGoRedisLogger or
+// goredis.SetLogger (the last call wins). Nothing in this package calls it:
+// a program that wants it calls it, once, before it opens backends.
 func SetGoRedisLogger(l *slog.Logger) {
-	goredisLog.to.Store(&l)
-	installGoRedisLogger()
+	goredisLog.Store(&l)
+	goredis.SetLogger(goredisLogger{})
 }
 
-// goredisLog is the state of the logger this package installs.
-var goredisLog struct {
-	once sync.Once
-	to   atomic.Pointer[*slog.Logger] // nil: SetGoRedisLogger not called
+// SetQuietGoRedisLogger replaces go-redis's logger for the whole process
+// with one that drops go-redis's messages about the clients this package
+// created (backends opened from a URL with lock.Open) and prints every
+// other message to stderr, as go-redis's default logger does. Without it,
+// go-redis prints several lines to stderr per call while a server is
+// unreachable, those about backends opened from a URL too. It lasts until
+// the next call of SetQuietGoRedisLogger, SetGoRedisLogger or
+// goredis.SetLogger (the last call wins). Nothing in this package calls
+// it: a program (not a library) that wants it calls it, once, before it
+// opens backends.
+func SetQuietGoRedisLogger() {
+	goredisLog.Store(nil)
+	goredis.SetLogger(goredisLogger{})
 }
 
-// installGoRedisLogger installs goredisLogger as go-redis's logger, once.
-func installGoRedisLogger() {
-	goredisLog.once.Do(func() { goredis.SetLogger(goredisLogger{}) })
-}
+// goredisLog is where the logger of SetGoRedisLogger and
+// SetQuietGoRedisLogger sends go-redis's messages: nil after
+// SetQuietGoRedisLogger (quiet about owned clients, the rest to stderr),
+// else the *slog.Logger of SetGoRedisLogger (nil: drop them all).
+var goredisLog atomic.Pointer[*slog.Logger]
 
 // stderrLog prints messages as go-redis's default logger does.
 var stderrLog = log.New(os.Stderr, "redis: ", log.LstdFlags)
 
-// goredisLogger is go-redis's logger once this package installed it.
+// goredisLogger is the go-redis logger that SetGoRedisLogger and
+// SetQuietGoRedisLogger install.
 type goredisLogger struct{}
 
 func (goredisLogger) Printf(ctx context.Context, format string, v ...any) {
-	if to := goredisLog.to.Load(); to != nil {
+	if to := goredisLog.Load(); to != nil {
 		if l := *to; l != nil {
 			if ctx == nil {
 				ctx = context.Background()
@@ -82,7 +96,7 @@ func (goredisLogger) Printf(ctx context.Context, format string, v ...any) {
 // when tlsConfig is set), except that the TLS handshake, too, ends with
 // ctx, and that it marks its errors (ownedDialError), so that go-redis's
 // message about a failed dial, logged on a context of go-redis's own, is
-// known to be about such a client.
+// known to be about such a client (see SetQuietGoRedisLogger).
 func ownedDialer(tlsConfig *tls.Config) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	nd := &net.Dialer{KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: 30 * time.Second, Interval: 5 * time.Second, Count: 3}}
 	var td *tls.Dialer
@@ -146,7 +160,8 @@ func markOwnedDial(err error) error {
 
 // ownedCall marks the context of a go-redis call made by a backend that
 // owns its clients (opened from a URL), so that go-redis's messages about
-// it are dropped (see goredisLogger).
+// it are dropped when the program installed SetQuietGoRedisLogger (see
+// goredisLogger).
 type ownedCall struct{}
 
 // markOwned returns ctx marked as a call of an owned client.

@@ -133,15 +133,23 @@
 // # Logging
 //
 // go-redis has one logger for the whole process, which writes to stderr
-// by default: several lines per call while a server is unreachable.
-// Backends opened from a URL keep it quiet: the first lock.Open of a
-// Redis URL installs, once per process, a go-redis logger that drops the
-// messages about the clients this package created and prints the others
-// to stderr as go-redis does (replacing a logger set with goredis.SetLogger
-// before it: set yours after, or use SetGoRedisLogger). SetGoRedisLogger
-// routes all of go-redis's messages, from every client in the process, to
-// a log/slog logger, or drops them. Backends over your own clients (New,
-// NewRedlock) change nothing until you call it.
+// by default: several lines per call while a server is unreachable. This
+// package leaves it as it is: neither lock.Open nor any other call of this
+// package replaces it. A program (a library should leave the choice to
+// its program) installs this package's logger explicitly, once, before it
+// opens backends:
+//
+//   - SetQuietGoRedisLogger drops go-redis's messages about the clients
+//     this package created (backends opened from a URL: their failures
+//     reach the caller as errors) and prints the others to stderr as
+//     go-redis does.
+//   - SetGoRedisLogger routes all of go-redis's messages, from every
+//     client in the process, to a log/slog logger, or drops them.
+//
+// Either replaces a logger set with goredis.SetLogger before it, and a
+// later goredis.SetLogger replaces it: the last call wins. Backends over
+// your own clients (New, NewRedlock) log as go-redis does unless you call
+// SetGoRedisLogger.
 //
 // # URLs
 //
@@ -305,7 +313,7 @@ func WithAllowFewNodes(on bool) Option { return func(o *options) { o.fewNodes = 
 
 // withOwnClients is for backends opened from a URL, which own their
 // go-redis clients: Close closes them, and go-redis's messages about them
-// are dropped (see SetGoRedisLogger).
+// are dropped once the program installed SetQuietGoRedisLogger.
 func withOwnClients() Option { return func(o *options) { o.ownClients = true } }
 
 // Backend is the single-deployment Redis backend. It implements

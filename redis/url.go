@@ -217,7 +217,6 @@ func goredisMultiURL(u *url.URL, q url.Values, kind, defaultPort, example string
 // openCluster opens a Redis Cluster: redis+cluster://host1:port,host2:port
 // (rediss+cluster:// with TLS), any nodes to start from.
 func openCluster(_ context.Context, u *url.URL) (backend.Backend, error) {
-	installGoRedisLogger()
 	opts, q, err := takeOwnParams(u)
 	if err != nil {
 		return nil, err
@@ -259,7 +258,6 @@ func openCluster(_ context.Context, u *url.URL) (backend.Backend, error) {
 // sentinel_password) are the Sentinels', the parameters username and
 // password the master's.
 func openSentinel(_ context.Context, u *url.URL) (backend.Backend, error) {
-	installGoRedisLogger()
 	opts, q, err := takeOwnParams(u)
 	if err != nil {
 		return nil, err
@@ -328,7 +326,6 @@ func takeOwnParams(u *url.URL) ([]Option, url.Values, error) {
 
 // openSingle opens redis://, rediss:// and unix:// URLs.
 func openSingle(_ context.Context, u *url.URL) (backend.Backend, error) {
-	installGoRedisLogger()
 	opts, q, err := takeOwnParams(u)
 	if err != nil {
 		return nil, err
@@ -381,7 +378,6 @@ func redlockDurations(q url.Values) ([]Option, error) {
 
 // openRedlock opens redlock:// and redlocks:// (every node over TLS).
 func openRedlock(ctx context.Context, u *url.URL) (backend.Backend, error) {
-	installGoRedisLogger()
 	example := u.Scheme + "://host1:port,host2:port,host3:port"
 	opts, q, err := takeOwnParams(u)
 	if err != nil {

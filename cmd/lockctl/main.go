@@ -75,7 +75,7 @@ import (
 	_ "github.com/distlock/lock/consul"
 	_ "github.com/distlock/lock/etcd"
 	_ "github.com/distlock/lock/memory"
-	_ "github.com/distlock/lock/redis"
+	lockredis "github.com/distlock/lock/redis"
 )
 
 // Exit statuses of lockctl's own outcomes.
@@ -90,10 +90,19 @@ const (
 )
 
 func main() {
+	quietLibraries()
 	if isGuard() {
 		os.Exit(guardMain(os.Args[1:]))
 	}
 	os.Exit(lockctl(context.Background(), os.Args[1:], os.Stdout, os.Stderr, os.Getenv))
+}
+
+// quietLibraries sets the process-wide state that the libraries leave to
+// the program: go-redis's logger drops its messages about the clients that
+// lock.Open created (lockctl reports their failures itself, as errors with
+// the URL's secrets cut out) and prints the others to stderr.
+func quietLibraries() {
+	lockredis.SetQuietGoRedisLogger()
 }
 
 // version is lockctl's version: the module version it was built from.

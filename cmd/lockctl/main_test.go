@@ -27,6 +27,7 @@ const mainEnv = "LOCKCTL_TEST_MAIN"
 
 func TestMain(m *testing.M) {
 	etcdtest.MaybeRunMember() // a test's etcd server
+	quietLibraries()          // as main does: the tests call lockctl, not main
 	// Processes built with -race (this binary, run as lockctl's guard)
 	// otherwise wait a second when they exit.
 	os.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
