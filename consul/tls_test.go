@@ -29,23 +29,6 @@ func consulURL(scheme, addr string, params ...string) string {
 	return (&url.URL{Scheme: scheme, Host: addr, RawQuery: q.Encode()}).String()
 }
 
-// lockOnce opens u, takes and releases a lock, and returns the first error.
-func lockOnce(t *testing.T, u string) error {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	locks, err := lock.Open(ctx, u)
-	if err != nil {
-		return err
-	}
-	defer locks.Close()
-	l, err := locks.TryAcquire(ctx, "tls")
-	if err != nil {
-		return err
-	}
-	return l.Release(ctx)
-}
-
 // TestTLS connects over HTTPS to an agent whose certificate the test's CA
 // signed: with the CA it works; without it, with another CA, or with a
 // server name the certificate does not carry it is refused and the error
@@ -63,7 +46,7 @@ func TestTLS(t *testing.T) {
 	}
 	for _, tc := range works {
 		t.Run(tc.name, func(t *testing.T) {
-			if err := lockOnce(t, consulURL("consuls", agent.HTTPSAddr, tc.params...)); err != nil {
+			if err := testca.LockOnce(consulURL("consuls", agent.HTTPSAddr, tc.params...), time.Minute); err != nil {
 				t.Fatal(err)
 			}
 		})
@@ -79,7 +62,7 @@ func TestTLS(t *testing.T) {
 	}
 	for _, tc := range refused {
 		t.Run(tc.name, func(t *testing.T) {
-			err := lockOnce(t, consulURL("consuls", agent.HTTPSAddr, tc.params...))
+			err := testca.LockOnce(consulURL("consuls", agent.HTTPSAddr, tc.params...), time.Minute)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("%v; want a refusal saying %q", err, tc.want)
 			}
@@ -93,22 +76,22 @@ func TestTLS(t *testing.T) {
 		t.Setenv("CONSUL_TLS_SERVER_NAME", testca.ServerName)
 		t.Setenv("CONSUL_HTTP_ADDR", "https://"+agent.HTTPSAddr)
 		t.Setenv("CONSUL_HTTP_SSL", "true")
-		err := lockOnce(t, consulURL("consuls", agent.HTTPSAddr))
+		err := testca.LockOnce(consulURL("consuls", agent.HTTPSAddr), time.Minute)
 		if err == nil || !strings.Contains(err.Error(), "certificate signed by unknown authority") {
 			t.Fatalf("consuls:// without ca_file, CONSUL_HTTP_SSL_VERIFY=false and CONSUL_CACERT set: %v; want unknown authority", err)
 		}
-		err = lockOnce(t, consulURL("consuls", agent.HTTPSAddr, "ca_file", ca.OtherCAFile, "server_name", "wrong.example"))
+		err = testca.LockOnce(consulURL("consuls", agent.HTTPSAddr, "ca_file", ca.OtherCAFile, "server_name", "wrong.example"), time.Minute)
 		if err == nil {
 			t.Fatal("consuls:// with another CA and a wrong name worked: the environment's CA or name was used")
 		}
 		// Plain HTTP to the plain port, whatever CONSUL_HTTP_SSL and
 		// CONSUL_HTTP_ADDR say.
-		if err := lockOnce(t, consulURL("consul", agent.Addr)); err != nil {
+		if err := testca.LockOnce(consulURL("consul", agent.Addr), time.Minute); err != nil {
 			t.Fatalf("consul:// to the HTTP port with CONSUL_HTTP_SSL=true: %v", err)
 		}
 	})
 	t.Run("PlainToTLS", func(t *testing.T) {
-		if err := lockOnce(t, consulURL("consul", agent.HTTPSAddr)); err == nil {
+		if err := testca.LockOnce(consulURL("consul", agent.HTTPSAddr), time.Minute); err == nil {
 			t.Fatal("consul:// (no TLS) to the HTTPS port worked")
 		}
 	})
@@ -121,10 +104,10 @@ func TestTLSClientCert(t *testing.T) {
 	agent := consultest.StartTLS(t, consultest.TLS{CertFile: ca.CertFile, KeyFile: ca.KeyFile, CAFile: ca.CAFile,
 		VerifyIncoming: true, ClientCertFile: ca.ClientCertFile, ClientKeyFile: ca.ClientKeyFile})
 	with := consulURL("consuls", agent.HTTPSAddr, "ca_file", ca.CAFile, "cert_file", ca.ClientCertFile, "key_file", ca.ClientKeyFile)
-	if err := lockOnce(t, with); err != nil {
+	if err := testca.LockOnce(with, time.Minute); err != nil {
 		t.Fatalf("with a client certificate: %v", err)
 	}
-	err := lockOnce(t, consulURL("consuls", agent.HTTPSAddr, "ca_file", ca.CAFile))
+	err := testca.LockOnce(consulURL("consuls", agent.HTTPSAddr, "ca_file", ca.CAFile), time.Minute)
 	if err == nil || !strings.Contains(err.Error(), "certificate required") {
 		t.Fatalf("without a client certificate: %v; want a refusal saying certificate required", err)
 	}

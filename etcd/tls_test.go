@@ -23,23 +23,6 @@ func tlsURL(addr string, params ...string) string {
 	return (&url.URL{Scheme: "etcds", Host: addr, RawQuery: q.Encode()}).String()
 }
 
-// lockOnce opens u, takes and releases a lock, and returns the first error.
-func lockOnce(t *testing.T, u string, wait time.Duration) error {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
-	defer cancel()
-	locks, err := lock.Open(ctx, u)
-	if err != nil {
-		return err
-	}
-	defer locks.Close() // after a refusal, waits up to 3s for a cleanup release
-	l, err := locks.TryAcquire(ctx, "tls")
-	if err != nil {
-		return err
-	}
-	return l.Release(ctx)
-}
-
 // TestTLS connects over TLS to a member whose certificate the test's CA
 // signed: with the CA it works, without it, with another CA, or with a
 // server name the certificate does not carry the connection is refused and
@@ -48,13 +31,13 @@ func TestTLS(t *testing.T) {
 	ca := testca.New(t)
 	srv := etcdtest.StartTLS(t, etcdtest.TLS{CertFile: ca.CertFile, KeyFile: ca.KeyFile, CAFile: ca.CAFile})
 	t.Run("CAFile", func(t *testing.T) {
-		if err := lockOnce(t, tlsURL(srv.Addr, "ca_file", ca.CAFile), time.Minute); err != nil {
+		if err := testca.LockOnce(tlsURL(srv.Addr, "ca_file", ca.CAFile), time.Minute); err != nil {
 			t.Fatalf("with the CA: %v", err)
 		}
 	})
 	t.Run("ServerName", func(t *testing.T) {
 		// Dials 127.0.0.1, checks the certificate for the other name.
-		if err := lockOnce(t, tlsURL(srv.Addr, "ca_file", ca.CAFile, "server_name", testca.ServerName), time.Minute); err != nil {
+		if err := testca.LockOnce(tlsURL(srv.Addr, "ca_file", ca.CAFile, "server_name", testca.ServerName), time.Minute); err != nil {
 			t.Fatalf("server_name=%s: %v", testca.ServerName, err)
 		}
 	})
@@ -69,14 +52,14 @@ func TestTLS(t *testing.T) {
 	}
 	for _, tc := range refused {
 		t.Run(tc.name, func(t *testing.T) {
-			err := lockOnce(t, tlsURL(srv.Addr, tc.params...), 1500*time.Millisecond)
+			err := testca.LockOnce(tlsURL(srv.Addr, tc.params...), 1500*time.Millisecond)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("%v; want a refusal saying %q", err, tc.want)
 			}
 		})
 	}
 	t.Run("PlainToTLS", func(t *testing.T) {
-		if err := lockOnce(t, "etcd://"+srv.Addr, 1500*time.Millisecond); err == nil {
+		if err := testca.LockOnce("etcd://"+srv.Addr, 1500*time.Millisecond); err == nil {
 			t.Fatal("etcd:// (no TLS) to a TLS member worked")
 		}
 	})
@@ -89,10 +72,10 @@ func TestTLSClientCert(t *testing.T) {
 	srv := etcdtest.StartTLS(t, etcdtest.TLS{CertFile: ca.CertFile, KeyFile: ca.KeyFile, CAFile: ca.CAFile,
 		ClientCertAuth: true, ClientCertFile: ca.ClientCertFile, ClientKeyFile: ca.ClientKeyFile})
 	with := tlsURL(srv.Addr, "ca_file", ca.CAFile, "cert_file", ca.ClientCertFile, "key_file", ca.ClientKeyFile)
-	if err := lockOnce(t, with, time.Minute); err != nil {
+	if err := testca.LockOnce(with, time.Minute); err != nil {
 		t.Fatalf("with a client certificate: %v", err)
 	}
-	err := lockOnce(t, tlsURL(srv.Addr, "ca_file", ca.CAFile), 1500*time.Millisecond)
+	err := testca.LockOnce(tlsURL(srv.Addr, "ca_file", ca.CAFile), 1500*time.Millisecond)
 	// The server's alert, or, when the connection's reset lost it, the
 	// hint.
 	if err == nil || !strings.Contains(err.Error(), "certificate required") && !strings.Contains(err.Error(), "require a client certificate") {
@@ -139,7 +122,7 @@ func TestAuthURL(t *testing.T) {
 	if _, err := cli.AuthEnable(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := lockOnce(t, "etcd://root:R00tPass@"+srv.Addr, time.Minute); err != nil {
+	if err := testca.LockOnce("etcd://root:R00tPass@"+srv.Addr, time.Minute); err != nil {
 		t.Fatalf("as root: %v", err)
 	}
 	// Refused by Open: clientv3 logs in when it is made.
@@ -154,7 +137,7 @@ func TestAuthURL(t *testing.T) {
 	if strings.Contains(err.Error(), "Wr0ngPass") {
 		t.Errorf("the error shows the password: %v", err)
 	}
-	if err := lockOnce(t, "etcd://"+srv.Addr, 1500*time.Millisecond); err == nil {
+	if err := testca.LockOnce("etcd://"+srv.Addr, 1500*time.Millisecond); err == nil {
 		t.Fatal("without a user, on a member with authentication on: a lock")
 	}
 }

@@ -1,9 +1,11 @@
 // Package testca makes a certificate authority for TLS tests: a CA, a
 // server certificate for the loopback names, and a client certificate,
-// written as PEM files to a test's temporary directory.
+// written as PEM files to a test's temporary directory; and LockOnce, the
+// check each backend's TLS tests make with a URL.
 package testca
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -16,6 +18,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/distlock/lock"
 )
 
 // ServerName is a DNS name the server certificate carries besides
@@ -135,4 +139,21 @@ func writePEM(t testing.TB, path, kind string, der []byte) {
 	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: kind, Bytes: der}), 0o600); err != nil {
 		t.Fatalf("testca: %v", err)
 	}
+}
+
+// LockOnce opens rawURL, takes and releases a lock within wait, and
+// returns the first error: what a TLS test does once it has a URL.
+func LockOnce(rawURL string, wait time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	locks, err := lock.Open(ctx, rawURL)
+	if err != nil {
+		return err
+	}
+	defer locks.Close() // after a refusal, may wait for a cleanup release
+	l, err := locks.TryAcquire(ctx, "tls")
+	if err != nil {
+		return err
+	}
+	return l.Release(ctx)
 }
