@@ -20,17 +20,6 @@ import (
 // client's own (ttl, drift, maxhold, autorenew).
 type Opener func(ctx context.Context, u *url.URL) (backend.Backend, error)
 
-type registration struct {
-	params  []string
-	secrets []string
-	open    Opener
-}
-
-var (
-	registryMu sync.RWMutex
-	registry   = map[string]registration{}
-)
-
 // clientParams are the query parameters every scheme accepts.
 var clientParams = []string{"autorenew", "drift", "maxhold", "ttl"}
 
@@ -42,7 +31,8 @@ type Scheme struct {
 	// client's own (ttl, drift, maxhold, autorenew).
 	Params []string
 	// Secrets lists the parameters of Params whose values are secrets:
-	// RedactURL and every error of Open hide them. A parameter whose
+	// the RedactURL and every error of the Open of the URLMux the scheme
+	// is registered in hide them. A parameter whose
 	// name contains pass, token, secret, auth or credential is hidden
 	// whether listed or not.
 	Secrets []string
@@ -50,24 +40,54 @@ type Scheme struct {
 	Open Opener
 }
 
+// URLMux maps URL schemes to the backends that open them, for Open. Each
+// URLMux has schemes of its own: two may register the same scheme name
+// with different backends. Backend packages register their schemes, from
+// init, in the default URLMux (DefaultURLMux), which the package-level
+// functions Register, RegisterScheme, Schemes, Open, RedactURL, RedactText
+// and URLHasSecrets use. A program or a library that wants schemes of its
+// own, without touching the process's, makes a URLMux (the zero value is
+// an empty one, ready to use) and registers them there, possibly copying a
+// backend's from the default (see URLMux.Scheme). A URLMux is safe for
+// concurrent use; it must not be copied after first use.
+type URLMux struct {
+	mu      sync.RWMutex
+	schemes map[string]Scheme
+}
+
+// defaultMux is DefaultURLMux's.
+var defaultMux = new(URLMux)
+
+// DefaultURLMux returns the URLMux of the package-level functions
+// (Register, RegisterScheme, Schemes, Open, RedactURL, RedactText,
+// URLHasSecrets), in which the backend packages register their schemes
+// when they are imported.
+func DefaultURLMux() *URLMux { return defaultMux }
+
 // Register makes a backend available to Open under scheme: it is
-// RegisterScheme(Scheme{Name: scheme, Params: params, Open: open}).
+// RegisterScheme(Scheme{Name: scheme, Params: params, Open: open}), in the
+// default URLMux.
 func Register(scheme string, params []string, open Opener) {
 	RegisterScheme(Scheme{Name: scheme, Params: params, Open: open})
 }
 
-// RegisterScheme makes a backend available to Open under s.Name. Backend
-// packages call it from init. Like database/sql.Register, it panics when
-// the name is empty or already registered, Open is nil, a parameter is one
-// of the client's, or a secret is not a parameter: those are mistakes in
-// the program, not in its input.
-func RegisterScheme(s Scheme) {
-	registryMu.Lock()
-	defer registryMu.Unlock()
+// RegisterScheme makes a backend available to Open under s.Name, in the
+// default URLMux (DefaultURLMux().RegisterScheme(s)). Backend packages
+// call it from init.
+func RegisterScheme(s Scheme) { defaultMux.RegisterScheme(s) }
+
+// RegisterScheme makes a backend available to m.Open under s.Name. Like
+// database/sql.Register, it panics when the name is empty or already
+// registered in m, Open is nil, a parameter is one of the client's, or a
+// secret is not a parameter: those are mistakes in the program, not in its
+// input.
+func (m *URLMux) RegisterScheme(s Scheme) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	if s.Name == "" || s.Open == nil {
 		panic("lock: Register needs a scheme and an opener")
 	}
-	if _, dup := registry[s.Name]; dup {
+	if _, dup := m.schemes[s.Name]; dup {
 		panic("lock: Register called twice for scheme " + s.Name)
 	}
 	for _, p := range s.Params {
@@ -80,15 +100,40 @@ func RegisterScheme(s Scheme) {
 			panic("lock: Register: secret " + p + " is not a parameter of scheme " + s.Name)
 		}
 	}
-	registry[s.Name] = registration{params: slices.Clone(s.Params), secrets: slices.Clone(s.Secrets), open: s.Open}
+	if m.schemes == nil {
+		m.schemes = map[string]Scheme{}
+	}
+	m.schemes[s.Name] = cloneScheme(s)
 }
 
-// Schemes returns the registered URL schemes, sorted.
-func Schemes() []string {
-	registryMu.RLock()
-	defer registryMu.RUnlock()
-	out := make([]string, 0, len(registry))
-	for s := range registry {
+// Scheme returns the scheme registered in m under name, and whether there
+// is one: for instance to register a backend package's scheme, taken from
+// the default URLMux, in a URLMux of one's own (under its name or
+// another).
+func (m *URLMux) Scheme(name string) (Scheme, bool) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	s, ok := m.schemes[name]
+	return cloneScheme(s), ok
+}
+
+// cloneScheme returns s with slices of its own.
+func cloneScheme(s Scheme) Scheme {
+	s.Params = slices.Clone(s.Params)
+	s.Secrets = slices.Clone(s.Secrets)
+	return s
+}
+
+// Schemes returns the URL schemes registered in the default URLMux,
+// sorted.
+func Schemes() []string { return defaultMux.Schemes() }
+
+// Schemes returns the URL schemes registered in m, sorted.
+func (m *URLMux) Schemes() []string {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	out := make([]string, 0, len(m.schemes))
+	for s := range m.schemes {
 		out = append(out, s)
 	}
 	sort.Strings(out)
@@ -96,51 +141,64 @@ func Schemes() []string {
 }
 
 // Open returns a Client for the backend named by rawURL, such as
-// "mem://name", "redis://host:6379/0" or "etcd://host:2379". The backend
+// "mem://name", "redis://host:6379/0" or "etcd://host:2379", from the
+// schemes of the default URLMux (DefaultURLMux().Open). The backend
 // package must be imported (often for its side effect only) so that its
-// scheme is registered. Query parameters ttl, drift and maxhold (Go durations
-// such as 30s) and autorenew (true or false) set the client's defaults; opts
-// given here override them. Unknown schemes and unknown parameters are errors
-// that list what is valid.
+// scheme is registered. Query parameters ttl, drift and maxhold (Go
+// durations such as 30s) and autorenew (true or false) set the client's
+// defaults; opts given here override them. Unknown schemes and unknown
+// parameters are errors that list what is valid.
 func Open(ctx context.Context, rawURL string, opts ...Option) (*Client, error) {
+	return defaultMux.Open(ctx, rawURL, opts...)
+}
+
+// Open is the package-level Open, with the schemes registered in m. Its
+// errors show rawURL as m.RedactURL does, and cut its secrets out as
+// m.RedactText does.
+func (m *URLMux) Open(ctx context.Context, rawURL string, opts ...Option) (*Client, error) {
 	if ctx == nil {
 		return nil, invalid(ErrInvalid, "Open: nil context")
 	}
-	c, err := open(ctx, rawURL, opts)
+	c, err := m.open(ctx, rawURL, opts)
 	if err != nil {
-		return nil, &openError{url: RedactURL(rawURL), err: err, msg: RedactText(strings.TrimPrefix(err.Error(), "lock: "), rawURL)}
+		return nil, &openError{url: m.RedactURL(rawURL), err: err, msg: m.RedactText(strings.TrimPrefix(err.Error(), "lock: "), rawURL)}
 	}
 	return c, nil
 }
 
 // open is Open; its errors may quote rawURL, Open redacts them.
-func open(ctx context.Context, rawURL string, opts []Option) (*Client, error) {
+func (m *URLMux) open(ctx context.Context, rawURL string, opts []Option) (*Client, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		var ue *url.Error
 		if errors.As(err, &ue) {
 			err = ue.Err // url.Error quotes the whole URL; Open shows it redacted
 		}
-		return nil, invalid(ErrInvalid, "not a URL: %v; want SCHEME://ADDRESS with a registered scheme (%s)", err, strings.Join(Schemes(), ", "))
+		return nil, invalid(ErrInvalid, "not a URL: %v; want SCHEME://ADDRESS with a registered scheme (%s)", err, strings.Join(m.Schemes(), ", "))
 	}
 	if u.Scheme == "" {
-		return nil, invalid(ErrInvalid, "no scheme; want SCHEME://ADDRESS with a registered scheme (%s)", strings.Join(Schemes(), ", "))
+		return nil, invalid(ErrInvalid, "no scheme; want SCHEME://ADDRESS with a registered scheme (%s)", strings.Join(m.Schemes(), ", "))
 	}
 	if u.Fragment != "" || strings.Contains(rawURL, "#") {
 		return nil, invalid(ErrInvalid, "the URL has a fragment (#...), which no backend reads; escape a '#' in a value as %%23")
 	}
-	registryMu.RLock()
-	s, ok := registry[u.Scheme]
-	registryMu.RUnlock()
+	s, ok := m.Scheme(u.Scheme)
 	if !ok {
-		known := Schemes()
-		hint := "none is registered; import a backend package, such as github.com/distlock/lock/memory"
-		if len(known) > 0 {
+		known := m.Schemes()
+		var hint string
+		switch {
+		case m != defaultMux && len(known) == 0:
+			hint = "none is registered in this URLMux; register one with its RegisterScheme"
+		case m != defaultMux:
+			hint = "registered in this URLMux: " + strings.Join(known, ", ")
+		case len(known) == 0:
+			hint = "none is registered; import a backend package, such as github.com/distlock/lock/memory"
+		default:
 			hint = "registered: " + strings.Join(known, ", ") + " (forgotten import?)"
 		}
 		return nil, fmt.Errorf("%w %q; %s", ErrUnknownScheme, u.Scheme, hint)
 	}
-	query, err := parseQuery(u.RawQuery, u.Scheme, s.params)
+	query, err := parseQuery(u.RawQuery, u.Scheme, s.Params)
 	if err != nil {
 		return nil, err
 	}
@@ -157,7 +215,7 @@ func open(ctx context.Context, rawURL string, opts []Option) (*Client, error) {
 	}
 	bu := *u
 	bu.RawQuery = query.Encode()
-	b, err := s.open(ctx, &bu)
+	b, err := s.Open(ctx, &bu)
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package lock
 
 import (
 	"net/url"
+	"slices"
 	"strings"
 )
 
@@ -36,14 +37,22 @@ var secretWords = []string{"pass", "token", "secret", "auth", "credential"}
 // or its name contains pass, token, secret, auth or credential. RedactURL
 // accepts any string, including ones url.Parse refuses; a string that is
 // not a URL at all comes back as "xxxxx".
-func RedactURL(rawURL string) string {
-	shown, _ := redact(rawURL)
+//
+// The declared secrets are those of the schemes registered in the default
+// URLMux: for a URL that a URLMux of one's own opens, use its RedactURL
+// method.
+func RedactURL(rawURL string) string { return defaultMux.RedactURL(rawURL) }
+
+// RedactURL is the package-level RedactURL, with the secrets declared by
+// the schemes registered in m.
+func (m *URLMux) RedactURL(rawURL string) string {
+	shown, _ := m.redact(rawURL)
 	return shown
 }
 
 // redact returns RedactURL's form of raw and the secret values it cut out
 // (decoded and as written), for RedactText.
-func redact(raw string) (string, []string) {
+func (m *URLMux) redact(raw string) (string, []string) {
 	var secrets []string
 	hide := func(s string) string {
 		if s == "" {
@@ -61,7 +70,7 @@ func redact(raw string) (string, []string) {
 	rest := raw
 	if i := strings.IndexByte(rest, '#'); i >= 0 {
 		hide(rest[i+1:])
-		shown, inner := redact(rest[:i])
+		shown, inner := m.redact(rest[:i])
 		return shown + "#" + redacted, append(secrets, inner...)
 	}
 	var b strings.Builder
@@ -109,7 +118,7 @@ func redact(raw string) (string, []string) {
 	path, query, hasQuery := strings.Cut(pathQuery, "?")
 	b.WriteString(path)
 	if hasQuery {
-		b.WriteString("?" + redactQuery(query, scheme, hide))
+		b.WriteString("?" + m.redactQuery(query, scheme, hide))
 	}
 	return b.String(), secrets
 }
@@ -134,7 +143,7 @@ func cutScheme(raw string) (scheme, rest string, ok bool) {
 // redactQuery hides the values of the secret parameters in query, split at
 // '&' and ';' (a query Open refuses may still be printed) and rebuilt with
 // the same separators.
-func redactQuery(query, scheme string, hide func(string) string) string {
+func (m *URLMux) redactQuery(query, scheme string, hide func(string) string) string {
 	var b strings.Builder
 	for query != "" {
 		part := query
@@ -144,7 +153,7 @@ func redactQuery(query, scheme string, hide func(string) string) string {
 		} else {
 			query = ""
 		}
-		b.WriteString(redactParam(part, scheme, hide) + sep)
+		b.WriteString(m.redactParam(part, scheme, hide) + sep)
 	}
 	return b.String()
 }
@@ -152,7 +161,7 @@ func redactQuery(query, scheme string, hide func(string) string) string {
 // redactParam hides the value of one name=value pair when it is secret. A
 // pair whose name does not decode is hidden whole: nothing says it is not
 // a secret.
-func redactParam(part, scheme string, hide func(string) string) string {
+func (m *URLMux) redactParam(part, scheme string, hide func(string) string) string {
 	if part == "" {
 		return ""
 	}
@@ -161,7 +170,7 @@ func redactParam(part, scheme string, hide func(string) string) string {
 	if err != nil {
 		return hide(part)
 	}
-	if !hasValue || !isSecretParam(scheme, name) {
+	if !hasValue || !m.isSecretParam(scheme, name) {
 		return part
 	}
 	return rawName + "=" + hide(value) + emptyMark(value)
@@ -176,22 +185,17 @@ func emptyMark(value string) string {
 }
 
 // isSecretParam reports whether query parameter name carries a secret on
-// scheme.
-func isSecretParam(scheme, name string) bool {
+// scheme, as registered in m.
+func (m *URLMux) isSecretParam(scheme, name string) bool {
 	lower := strings.ToLower(name)
 	for _, w := range secretWords {
 		if strings.Contains(lower, w) {
 			return true
 		}
 	}
-	registryMu.RLock()
-	defer registryMu.RUnlock()
-	for _, s := range registry[scheme].secrets {
-		if s == name {
-			return true
-		}
-	}
-	return false
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return slices.Contains(m.schemes[scheme].Secrets, name)
 }
 
 // minScrubbed is the shortest secret RedactText cuts out of free text. A
@@ -205,9 +209,15 @@ const minScrubbed = 3
 // more) replaced by "xxxxx": for messages built from errors about rawURL
 // (url.Parse's, a backend's, a store's), which may quote any part of it.
 // lock.Open applies it to its errors; tools apply it to every later error
-// they print about the backend.
-func RedactText(text, rawURL string) string {
-	_, secrets := redact(rawURL)
+// they print about the backend. Like RedactURL, it knows the secrets
+// declared in the default URLMux; a URLMux's RedactText method knows its
+// own.
+func RedactText(text, rawURL string) string { return defaultMux.RedactText(text, rawURL) }
+
+// RedactText is the package-level RedactText, with the secrets declared by
+// the schemes registered in m.
+func (m *URLMux) RedactText(text, rawURL string) string {
+	_, secrets := m.redact(rawURL)
 	for _, s := range secrets {
 		if len(s) >= minScrubbed {
 			text = strings.ReplaceAll(text, s, redacted)
@@ -219,8 +229,12 @@ func RedactText(text, rawURL string) string {
 // URLHasSecrets reports whether rawURL carries something RedactURL hides:
 // a userinfo, a secret parameter, a fragment, or an opaque part. Tools use
 // it to warn when such a URL was given where other users can read it (a
-// command line).
-func URLHasSecrets(rawURL string) bool {
-	shown, _ := redact(rawURL)
+// command line). It knows the secrets declared in the default URLMux.
+func URLHasSecrets(rawURL string) bool { return defaultMux.URLHasSecrets(rawURL) }
+
+// URLHasSecrets is the package-level URLHasSecrets, with the secrets
+// declared by the schemes registered in m.
+func (m *URLMux) URLHasSecrets(rawURL string) bool {
+	shown, _ := m.redact(rawURL)
 	return shown != rawURL
 }
