@@ -97,10 +97,26 @@ func monoNow() int64 {
 	return ts.Nano()
 }
 
-// MaybeContend runs this process as a helper contender of a fault run when
-// the run started it (its environment says so), and exits; otherwise it
-// returns at once. Call it first in the TestMain of a package whose harness
-// implements ProcessContenders.
+// MaybeContend is for a test binary's TestMain only, and only in a package
+// whose harness implements ProcessContenders: call it first, before
+// m.Run, as in
+//
+//	func TestMain(m *testing.M) {
+//		conformance.MaybeContend()
+//		os.Exit(m.Run())
+//	}
+//
+// A fault run starts helper contenders by running the test binary
+// (os.Args[0]) again with the environment variable LOCK_FAULT_CONTENDER
+// set to the helper's configuration (JSON: the URL from ContenderURL, the
+// keys, the TTL, a seed). When that variable is empty or unset,
+// MaybeContend does nothing and returns at once. When it is set,
+// MaybeContend never returns: it opens the URL with lock.Open (the
+// backend's package must be imported by the test binary), prints "ready"
+// on stdout, contends until its stdin is closed (the run closes it to stop
+// the helper), prints its report as one JSON line on stdout, and ends the
+// process with os.Exit: status 0, or 1 when the configuration, lock.Open
+// or the run failed. Nothing else in a program should call it.
 func MaybeContend() {
 	v := os.Getenv(contenderEnv)
 	if v == "" {
