@@ -40,7 +40,7 @@ func Binary(t testing.TB) string {
 			binPath = p
 			return
 		}
-		root, err := moduleRoot()
+		root, err := repoRoot()
 		if err != nil {
 			binErr = err
 			return
@@ -62,18 +62,21 @@ func Binary(t testing.TB) string {
 	return binPath
 }
 
-func moduleRoot() (string, error) {
+// repoRoot returns the repository's root: the nearest directory above the
+// working directory (a test's package directory, in any module of the
+// workspace) that holds go.work.
+func repoRoot() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
 		return "", err
 	}
 	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+		if _, err := os.Stat(filepath.Join(dir, "go.work")); err == nil {
 			return dir, nil
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			return "", fmt.Errorf("no go.mod above the working directory")
+			return "", fmt.Errorf("no go.work above the working directory")
 		}
 		dir = parent
 	}
@@ -111,11 +114,7 @@ type TLS struct {
 func StartTLS(t testing.TB, tc TLS) *Agent {
 	t.Helper()
 	bin := Binary(t)
-	dir := t.TempDir()
-	data := filepath.Join(dir, "data")
-	if err := os.Mkdir(data, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	dir, data := dataDir(t)
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: x509.NewCertPool()}
 	pem, err := os.ReadFile(tc.CAFile)
 	if err != nil || !cfg.RootCAs.AppendCertsFromPEM(pem) {
@@ -152,11 +151,7 @@ func StartTLS(t testing.TB, tc TLS) *Agent {
 func Start(t testing.TB) *Agent {
 	t.Helper()
 	bin := Binary(t)
-	dir := t.TempDir()
-	data := filepath.Join(dir, "data")
-	if err := os.Mkdir(data, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	dir, data := dataDir(t)
 	ports := freePorts(t, 3)
 	argv := AgentArgs(bin, data, serverproc.PortPlaceholder, [3]int{ports[0], ports[1], ports[2]})
 	p := serverproc.Start(t, argv, serverproc.Options{Dir: dir, Ready: Ready, ReadyTimeout: time.Minute})
@@ -231,4 +226,16 @@ func freePorts(t testing.TB, n int) []int {
 		ln.Close()
 	}
 	return out
+}
+
+// dataDir returns a temporary directory for an agent and the data
+// directory inside it.
+func dataDir(t testing.TB) (dir, data string) {
+	t.Helper()
+	dir = t.TempDir()
+	data = filepath.Join(dir, "data")
+	if err := os.Mkdir(data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir, data
 }
