@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -20,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9/maintnotifications"
 
 	"github.com/distlock/lock"
+	"github.com/distlock/lock/internal/redistest"
 	"github.com/distlock/lock/redis"
 )
 
@@ -272,24 +272,5 @@ func openLeavesGoRedisLoggerAlone(t *testing.T) {
 		locks.Close()
 	}
 	rdb.Close()
-	waitForDialers(t)
-}
-
-// waitForDialers waits until go-redis's background dialers of closed
-// clients are gone: after failed dials one sleeps a second before it sees
-// that its pool was closed, and TestMain's leak check would count it.
-func waitForDialers(t *testing.T) {
-	deadline := time.Now().Add(10 * time.Second)
-	buf := make([]byte, 1<<22)
-	for {
-		n := runtime.Stack(buf, true)
-		if !bytes.Contains(buf[:n], []byte("internal/pool.(*ConnPool).tryDial")) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Errorf("go-redis dialers still run 10s after their clients were closed")
-			return
-		}
-		time.Sleep(50 * time.Millisecond) // poll: the dialers end on their own
-	}
+	redistest.WaitForDialers(t)
 }

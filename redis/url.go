@@ -133,6 +133,33 @@ func tlsTwin(scheme string) string {
 	return strings.Replace(scheme, "redis", "rediss", 1)
 }
 
+// common is what every opener of this package reads from a URL first.
+type common struct {
+	opts       []Option    // from the backend's own parameters
+	q          url.Values  // the query, without them and the TLS parameters
+	tls        *tls.Config // nil on a scheme without TLS
+	user, pass string      // the credentials, from the userinfo or userParam and passParam
+}
+
+// parseCommon takes the backend's own parameters, the TLS parameters and
+// the credentials (the userinfo, or userParam and passParam, not both)
+// out of u.
+func parseCommon(u *url.URL, userParam, passParam string) (common, error) {
+	opts, q, err := takeOwnParams(u)
+	if err != nil {
+		return common{}, err
+	}
+	tlsConfig, err := takeTLS(u.Scheme, q)
+	if err != nil {
+		return common{}, err
+	}
+	user, pass, err := credentials(u, q, userParam, passParam)
+	if err != nil {
+		return common{}, err
+	}
+	return common{opts: opts, q: q, tls: tlsConfig, user: user, pass: pass}, nil
+}
+
 // takeTLS removes lock.TLSParams from q and returns the TLS configuration
 // they ask for on scheme: nil on a plain scheme, which refuses them
 // (naming the parameter and the TLS scheme to use). The configuration's
@@ -217,18 +244,11 @@ func goredisMultiURL(u *url.URL, q url.Values, kind, defaultPort, example string
 // openCluster opens a Redis Cluster: redis+cluster://host1:port,host2:port
 // (rediss+cluster:// with TLS), any nodes to start from.
 func openCluster(_ context.Context, u *url.URL) (backend.Backend, error) {
-	opts, q, err := takeOwnParams(u)
+	p, err := parseCommon(u, "username", "password")
 	if err != nil {
 		return nil, err
 	}
-	tlsConfig, err := takeTLS(u.Scheme, q)
-	if err != nil {
-		return nil, err
-	}
-	user, pass, err := credentials(u, q, "username", "password")
-	if err != nil {
-		return nil, err
-	}
+	opts, q, tlsConfig, user, pass := p.opts, p.q, p.tls, p.user, p.pass
 	if strings.Trim(u.Path, "/") != "" {
 		return nil, fmt.Errorf("%w: redis: a Redis Cluster has one database; remove %q from the URL", backend.ErrInvalid, u.Path)
 	}
@@ -258,18 +278,11 @@ func openCluster(_ context.Context, u *url.URL) (backend.Backend, error) {
 // sentinel_password) are the Sentinels', the parameters username and
 // password the master's.
 func openSentinel(_ context.Context, u *url.URL) (backend.Backend, error) {
-	opts, q, err := takeOwnParams(u)
+	p, err := parseCommon(u, "sentinel_username", "sentinel_password")
 	if err != nil {
 		return nil, err
 	}
-	tlsConfig, err := takeTLS(u.Scheme, q)
-	if err != nil {
-		return nil, err
-	}
-	sentinelUser, sentinelPass, err := credentials(u, q, "sentinel_username", "sentinel_password")
-	if err != nil {
-		return nil, err
-	}
+	opts, q, tlsConfig, sentinelUser, sentinelPass := p.opts, p.q, p.tls, p.user, p.pass
 	masterUser, masterPass := q.Get("username"), q.Get("password")
 	q.Del("username")
 	q.Del("password")
@@ -326,18 +339,11 @@ func takeOwnParams(u *url.URL) ([]Option, url.Values, error) {
 
 // openSingle opens redis://, rediss:// and unix:// URLs.
 func openSingle(_ context.Context, u *url.URL) (backend.Backend, error) {
-	opts, q, err := takeOwnParams(u)
+	p, err := parseCommon(u, "username", "password")
 	if err != nil {
 		return nil, err
 	}
-	tlsConfig, err := takeTLS(u.Scheme, q)
-	if err != nil {
-		return nil, err
-	}
-	user, pass, err := credentials(u, q, "username", "password")
-	if err != nil {
-		return nil, err
-	}
+	opts, q, tlsConfig, user, pass := p.opts, p.q, p.tls, p.user, p.pass
 	o, err := goredis.ParseURL(goredisURL(u, q))
 	if err != nil {
 		return nil, goredisParseError(err)
@@ -379,18 +385,11 @@ func redlockDurations(q url.Values) ([]Option, error) {
 // openRedlock opens redlock:// and redlocks:// (every node over TLS).
 func openRedlock(ctx context.Context, u *url.URL) (backend.Backend, error) {
 	example := u.Scheme + "://host1:port,host2:port,host3:port"
-	opts, q, err := takeOwnParams(u)
+	p, err := parseCommon(u, "username", "password")
 	if err != nil {
 		return nil, err
 	}
-	tlsConfig, err := takeTLS(u.Scheme, q)
-	if err != nil {
-		return nil, err
-	}
-	user, pass, err := credentials(u, q, "username", "password")
-	if err != nil {
-		return nil, err
-	}
+	opts, q, tlsConfig, user, pass := p.opts, p.q, p.tls, p.user, p.pass
 	if strings.Trim(u.Path, "/") != "" {
 		return nil, fmt.Errorf("%w: redis: a %s URL takes no path (%q); give the database as db=N", backend.ErrInvalid, u.Scheme, u.Path)
 	}

@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/distlock/lock"
+	"github.com/distlock/lock/internal/redistest"
 )
 
 // marker stands for a password or a token: no output of lockctl may hold
@@ -153,7 +153,7 @@ var secretCommandTail = map[string][]string{
 // --backend-file. The addresses are closed ports, and each call has a
 // short deadline: commands fail fast, after they tried the network.
 func TestNoOutputHoldsTheURLsSecrets(t *testing.T) {
-	t.Cleanup(func() { waitForRedisDialers(t) })
+	t.Cleanup(func() { redistest.WaitForDialers(t) })
 	stderrOf := captureStderr(t)
 	urls := map[string]map[string]string{"-": schemelessURLs(t)}
 	for _, scheme := range lock.Schemes() {
@@ -219,24 +219,5 @@ func TestNoOutputHoldsTheURLsSecrets(t *testing.T) {
 		t.Errorf("a library wrote the secret to the process's stderr:\n%s", out)
 	} else if out != "" {
 		t.Logf("written to the process's stderr meanwhile:\n%s", out)
-	}
-}
-
-// waitForRedisDialers waits until go-redis's background dialers of closed
-// clients are gone: after a failed dial one sleeps a second before it sees
-// that its pool was closed, and the leak check at the end would count it.
-func waitForRedisDialers(t *testing.T) {
-	deadline := time.Now().Add(10 * time.Second)
-	buf := make([]byte, 1<<22)
-	for {
-		n := runtime.Stack(buf, true)
-		if !bytes.Contains(buf[:n], []byte("internal/pool.(*ConnPool).tryDial")) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Errorf("go-redis dialers still run 10s after their clients were closed")
-			return
-		}
-		time.Sleep(50 * time.Millisecond) // poll: the dialers end on their own
 	}
 }

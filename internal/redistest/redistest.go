@@ -5,6 +5,7 @@ package redistest
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -13,6 +14,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -477,4 +479,24 @@ func client(t T, addr string, tlsConfig *tls.Config) *goredis.Client {
 	})
 	t.Cleanup(func() { rdb.Close() })
 	return rdb
+}
+
+// WaitForDialers waits until go-redis's background dialers of closed
+// clients are gone: after a failed dial one sleeps a second before it sees
+// that its pool was closed, and a test's leak check would count it.
+func WaitForDialers(t testing.TB) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	buf := make([]byte, 1<<22)
+	for {
+		n := runtime.Stack(buf, true)
+		if !bytes.Contains(buf[:n], []byte("internal/pool.(*ConnPool).tryDial")) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("go-redis dialers still run 10s after their clients were closed")
+			return
+		}
+		time.Sleep(50 * time.Millisecond) // poll: the dialers end on their own
+	}
 }
