@@ -10,7 +10,6 @@ import (
 
 	"github.com/distlock/lock/backend"
 	"github.com/distlock/lock/clock"
-	"github.com/distlock/lock/internal/libflaw"
 )
 
 type leaseState uint8
@@ -88,9 +87,6 @@ func (c *Client) newLease(key, token string, cfg *config, sent time.Time, g back
 		sched:     sched,
 		index:     -1,
 		v:         validity{drift: cfg.driftFor(ttl)},
-	}
-	if libflaw.ZeroDrift {
-		l.v.drift = 0
 	}
 	if !sent.IsZero() {
 		// No other goroutine sees l before the scheduler does: its mutex
@@ -452,9 +448,6 @@ func (l *Lease) settleHandover(ctx context.Context, from string, sent time.Time,
 		if l.state == stateHeld {
 			l.endLocked(stateLost, fmt.Errorf("%w: handing the lock over failed: %w", ErrLost, err))
 		}
-		if libflaw.HandoverUnknownKeeps {
-			return
-		}
 		l.c.cleanup(ctx, l.key, from, l.ttl, false)
 		l.c.cleanup(ctx, l.key, l.token, l.ttl, false)
 	}
@@ -500,28 +493,16 @@ func (l *Lease) renew(ctx context.Context) error {
 		}
 		return wrap("renew", l.key, l.err)
 	}
-	if err != nil && errors.Is(err, ErrNotHeld) && libflaw.WatchdogReacquires {
-		if g2, err2 := l.c.b.Acquire(ctx, l.key, newToken(), ttl); err2 == nil {
-			g, err = g2, nil
-		}
-	}
 	if err != nil {
 		if errors.Is(err, ErrNotHeld) {
 			l.endLocked(stateLost, fmt.Errorf("%w: the store no longer holds it for this owner: %w", ErrLost, err))
 			return wrap("renew", l.key, l.err)
 		}
 		l.lastErr = err
-		if libflaw.UnknownRenewIsSuccess {
-			l.extendLocked(sent, g.TTL)
-		}
 		return wrap("renew", l.key, err)
 	}
 	l.lastErr = nil
 	l.extendLocked(sent, g.TTL)
-	if libflaw.RenewLongerTTL {
-		l.v.minTTL = max(l.v.minTTL, l.c.cfg.ttl)
-		l.v.update()
-	}
 	return nil
 }
 

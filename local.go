@@ -5,8 +5,6 @@ import (
 	"context"
 	"sync"
 	"time"
-
-	"github.com/distlock/lock/internal/libflaw"
 )
 
 // localQueue keeps the goroutines of one Client that want the same key in
@@ -94,9 +92,6 @@ func (q *localQueue) turn(ctx context.Context, key string, cfg *config) (*Lease,
 	case l := <-w.ch:
 		return l, nil
 	case <-ctx.Done():
-	}
-	if libflaw.CancelKeepsTurn {
-		return nil, ctx.Err()
 	}
 	sh.mu.Lock()
 	if w.elem != nil {

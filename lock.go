@@ -73,7 +73,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/distlock/lock/backend"
-	"github.com/distlock/lock/internal/libflaw"
 )
 
 // Client takes locks on one backend. It is safe for concurrent use.
@@ -300,9 +299,6 @@ const (
 
 // newToken returns 128 random bits from crypto/rand as 32 hex digits.
 func newToken() string {
-	if libflaw.ShortTokens {
-		return fmt.Sprintf("%04x", rand.N(1<<16))
-	}
 	e := entropyPool.Get().(*entropy)
 	if e.off+16 > len(e.buf) {
 		crand.Read(e.buf[:]) // never fails since Go 1.24; it crashes the program instead
@@ -408,9 +404,6 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 			g, err = queue.Acquire(ctx, token, cfg.ttl)
 		} else {
 			g, err = c.b.Acquire(ctx, key, token, cfg.ttl)
-		}
-		if libflaw.DeadlineFromReply {
-			sent = cfg.clock.Now()
 		}
 		if err == nil {
 			if berr := c.brokenGrant("a grant", g.Fence, g.TTL, cfg.ttl); berr != nil {

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/distlock/lock/clock"
-	"github.com/distlock/lock/internal/libflaw"
 )
 
 // scheduler runs the timers of many leases on one clock timer: a min-heap of
@@ -38,7 +37,7 @@ func (s *scheduler) schedule(l *Lease, due time.Time) {
 	} else {
 		heap.Push(&s.leases, l)
 	}
-	if s.armedAt.IsZero() || (due.Before(s.armedAt) && !libflaw.SchedulerNoRearm) {
+	if s.armedAt.IsZero() || due.Before(s.armedAt) {
 		s.armLocked(due)
 	}
 }

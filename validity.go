@@ -2,8 +2,6 @@ package lock
 
 import (
 	"time"
-
-	"github.com/distlock/lock/internal/libflaw"
 )
 
 // validity is the one owner of a lease's deadline: every change of it
@@ -79,7 +77,7 @@ func (v *validity) update() {
 		return
 	}
 	d := v.confirmed.Add(v.minTTL - v.drift)
-	if !v.inherited.IsZero() && (v.inherited.Before(d) || libflaw.HandoverPrevDeadline) {
+	if !v.inherited.IsZero() && v.inherited.Before(d) {
 		d = v.inherited
 	}
 	v.deadline = d

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,11 +14,26 @@ import (
 
 	"github.com/distlock/lock/backend"
 	"github.com/distlock/lock/conformance"
-	"github.com/distlock/lock/internal/libflaw"
+	"github.com/distlock/lock/internal/flawpatch"
 )
 
+// flawBuilder builds the child test binaries of the self-test, each flaw
+// once for TestSuiteCatchesFlaws and TestFaultRunsCatchFlaws.
+var flawBuilder = flawpatch.NewBuilder()
+
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	code := m.Run()
+	if err := flawBuilder.Close(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		code = 1
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: errors on a successful test run: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 type harness struct{ s *Store }
@@ -70,41 +86,10 @@ func (h harness) Restart(_ context.Context, keepData bool) error {
 	return nil
 }
 
-// flawEnv names a deliberate flaw for the child process that
-// TestSuiteCatchesFlaws starts; it is empty in every normal run.
+// flawEnv names, in the child processes of TestSuiteCatchesFlaws and
+// TestFaultRunsCatchFlaws, the deliberate flaw compiled into the child (or
+// "no-hooks"); it is empty in every normal run.
 const flawEnv = "LOCK_MEMORY_FLAW"
-
-var flawSwitches = map[string]func(*flaws){
-	"release-ignores-token": func(f *flaws) { f.releaseIgnoresToken = true },
-	"renew-reacquires":      func(f *flaws) { f.renewReacquires = true },
-	"repeat-fence":          func(f *flaws) { f.repeatFence = true },
-	"non-atomic-acquire":    func(f *flaws) { f.nonAtomicAcquire = true },
-	"expire-early":          func(f *flaws) { f.expireEarly = true },
-	"round-down":            func(f *flaws) { f.roundDown = true },
-	"renew-short":           func(f *flaws) { f.renewShort = true },
-	"grant-overstated":      func(f *flaws) { f.grantOverstated = true },
-	"prefix-token":          func(f *flaws) { f.prefixToken = true },
-	"release-expired-ok":    func(f *flaws) { f.releaseExpiredOK = true },
-	"silent-notifier":       func(f *flaws) { f.silentNotifier = true },
-	"inspect-expired":       func(f *flaws) { f.inspectExpired = true },
-	"inspect-stale":         func(f *flaws) { f.inspectStale = true },
-	"claims-fifo":           func(f *flaws) { f.claimsFIFO = true },
-	"forget-fence-idle":     func(f *flaws) { f.forgetFenceIdle = true },
-	"ignores-context":       func(f *flaws) { f.ignoreContext = true },
-	"transfer-any-from":     func(f *flaws) { f.transferAnyFrom = true },
-	"transfer-forgets":      func(f *flaws) { f.transferForgets = true },
-	"transfer-keeps-expiry": func(f *flaws) { f.transferKeepsExpiry = true },
-	"short-keys":            func(f *flaws) { f.shortKeys = true },
-	"fold-keys":             func(f *flaws) { f.foldKeys = true },
-	"clean-keys":            func(f *flaws) { f.cleanKeys = true },
-	// Flaws of package lock itself, on a correct store.
-	"deadline-from-reply":      func(*flaws) { libflaw.DeadlineFromReply = true },
-	"zero-drift":               func(*flaws) { libflaw.ZeroDrift = true },
-	"renew-longer-ttl":         func(*flaws) { libflaw.RenewLongerTTL = true },
-	"unknown-renew-is-success": func(*flaws) { libflaw.UnknownRenewIsSuccess = true },
-	"short-tokens":             func(*flaws) { libflaw.ShortTokens = true },
-	"scheduler-no-rearm":       func(*flaws) { libflaw.SchedulerNoRearm = true },
-}
 
 func TestConformance(t *testing.T) {
 	var store *Store
@@ -113,12 +98,7 @@ func TestConformance(t *testing.T) {
 		if name := os.Getenv(flawEnv); name == "no-hooks" {
 			return hooksHidden{harness{store}}
 		} else if name != "" {
-			set, ok := flawSwitches[name]
-			if !ok {
-				t.Fatalf("%s=%q: unknown flaw", flawEnv, name)
-			}
-			set(&store.flaws)
-			t.Logf("running with the deliberate flaw %q", name)
+			t.Logf("running with the deliberate flaw %q compiled in", name)
 		}
 		return harness{store}
 	}, conformance.RequireHooks())
@@ -138,18 +118,46 @@ func (h hooksHidden) NewBackend(ctx context.Context) (backend.Backend, error) {
 }
 func (h hooksHidden) Capabilities() backend.Capabilities { return h.h.Capabilities() }
 
-// TestSuiteCatchesFlaws runs the whole suite, in a child process, against
-// memory stores with one deliberate bug each, and checks that the suite fails
-// and that the case aimed at the bug is among the failures.
+// TestSuiteCatchesFlaws runs the suite, in a child process, against memory
+// stores with one deliberate bug each (or package lock with one), and checks
+// that the suite fails and that the case aimed at the bug is among the
+// failures.
+//
+// The bugs are not in the production code, not even switched off: each is
+// a textual edit of the production source (storeFlaws and libFlaws in
+// flaws_test.go), and flawpatch compiles the child test binary with
+// go test -c -overlay, which puts the edited copy in the place of the
+// production file for that one build. Why this proves what the runtime
+// switches proved before:
+//
+//   - The child is the same test (TestConformance over the same harness and
+//     options) built from the same source except for the edit, so a failure
+//     in it is caused by the edit. The edit's new text is what the old
+//     switch's branch did when on: the old code with the switch constant
+//     true.
+//   - Every edit must find its old text exactly once in the file it names;
+//     Build fails the subtest otherwise, naming the flaw and the file
+//     (TestFlawsApply checks all of them in a moment). A flaw can thus not
+//     turn silently into a copy of the correct code when the code moves;
+//     and the child must still fail the named cases, so an edit that
+//     compiled but changed nothing that matters is caught too.
+//   - Programs built without the overlay, and this package's own tests,
+//     contain none of the flawed code: no switch can be turned on by
+//     accident, and what the rest of the tests exercise is what ships.
+//
+// The go command must be on PATH. Its build cache keys the patched packages
+// by content, so a second run recompiles nothing; flawBuilder builds the
+// next children while the running ones wait on their timers.
 func TestSuiteCatchesFlaws(t *testing.T) {
 	if os.Getenv(flawEnv) != "" {
 		return // this is the child: only TestConformance runs here
 	}
-	cases := []struct {
+	type flawCase struct {
 		flaw string
 		want []string // the failing cases that must include at least these
 		only bool     // run just the wanted cases (the whole suite takes longer)
-	}{
+	}
+	cases := []flawCase{
 		{"release-ignores-token", []string{"StaleOwner/ReleaseAfterSuccessor"}, false},
 		{"renew-reacquires", []string{"StaleOwner/RenewAfterExpiry"}, false},
 		{"repeat-fence", []string{"FencesSequential", "FencesContended"}, false},
@@ -184,6 +192,19 @@ func TestSuiteCatchesFlaws(t *testing.T) {
 		{"short-tokens", []string{"TokenShape"}, true},
 		{"scheduler-no-rearm", []string{"SeveralTTLs"}, true},
 	}
+	for name := range flawNames() {
+		if !slices.ContainsFunc(cases, func(c flawCase) bool { return c.flaw == name }) {
+			t.Errorf("flaw %s of flaws_test.go has no case here", name)
+		}
+	}
+	// Build ahead, in the order the subtests start, while the children run.
+	var prepare []flawpatch.Flaw
+	for _, tc := range cases {
+		if f, ok := flawByName(tc.flaw); ok {
+			prepare = append(prepare, f)
+		}
+	}
+	flawBuilder.Prepare(prepare...)
 	for _, tc := range cases {
 		t.Run(tc.flaw, func(t *testing.T) {
 			t.Parallel()
@@ -200,7 +221,15 @@ func TestSuiteCatchesFlaws(t *testing.T) {
 			if tc.flaw == "claims-fifo" {
 				count = "-test.count=3"
 			}
-			cmd := exec.Command(os.Args[0], run, "-test.v", count, "-test.timeout=5m")
+			bin := os.Args[0] // no-hooks is a harness of this file's
+			if tc.flaw != "no-hooks" {
+				f, ok := flawByName(tc.flaw)
+				if !ok {
+					t.Fatalf("no flaw named %s in flaws_test.go", tc.flaw)
+				}
+				bin = flawBuilder.Binary(t, f)
+			}
+			cmd := exec.Command(bin, run, "-test.v", count, "-test.timeout=5m")
 			cmd.Env = append(os.Environ(), flawEnv+"="+tc.flaw)
 			out, err := cmd.CombinedOutput()
 			if err == nil {
@@ -273,16 +302,55 @@ func TestFaultRuns(t *testing.T) {
 // between 3/4 and 9/10 of the TTL without renewing while another client
 // waits) went unseen in about one run in 40, and a CI run missed it once
 // in 10; with twelve, 120 runs each found it at least twice.
+//
+// The store's flaw is compiled in a child test binary, as in
+// TestSuiteCatchesFlaws (whose doc says why that proves the same as a
+// switch did): the parent builds it and runs this test in it, where it
+// makes the runs; the child fails unless the runs catch the flaw.
 func TestFaultRunsCatchFlaws(t *testing.T) {
 	const runs = 10 // all 10 must catch it: 95% of 10, rounded up
+	if name := os.Getenv(flawEnv); name != "" {
+		// The child: the store has the flaw compiled in.
+		conformance.RequireCaught(t, name, runs, func(seed uint64) []string {
+			return conformance.FaultRun(t, harness{NewStore()}, seed, conformance.FaultDuration(5*time.Second), conformance.FaultContenders(12))
+		})
+		return
+	}
 	for _, name := range []string{"expire-early", "repeat-fence", "release-ignores-token"} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel() // mostly sleeping: sections and faults
-			conformance.RequireCaught(t, name, runs, func(seed uint64) []string {
-				store := NewStore()
-				flawSwitches[name](&store.flaws)
-				return conformance.FaultRun(t, harness{store}, seed, conformance.FaultDuration(5*time.Second), conformance.FaultContenders(12))
-			})
+			bin := flawBuilder.Binary(t, storeFlaws[name])
+			cmd := exec.Command(bin, "-test.run=^TestFaultRunsCatchFlaws$", "-test.v", "-test.count=1", "-test.timeout=5m")
+			cmd.Env = append(os.Environ(), flawEnv+"="+name)
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("flaw %s: the fault runs did not catch it (%v):\n%s", name, err, tail(string(out), 40))
+			}
+			if !strings.Contains(string(out), name+" caught in ") {
+				t.Fatalf("flaw %s: the child made no runs:\n%s", name, tail(string(out), 40))
+			}
+			t.Log(strings.TrimSpace(tail(string(out), 4)))
 		})
+	}
+}
+
+// TestFlawsApply checks at once that every flaw of the self-test still
+// applies to the production source: each of its edits finds its text
+// exactly once. A flaw whose code moved fails here, naming the flaw and the
+// file, as it fails TestSuiteCatchesFlaws.
+func TestFlawsApply(t *testing.T) {
+	root, err := flawpatch.ModuleRoot(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, fs := range []map[string]flawpatch.Flaw{storeFlaws, libFlaws} {
+		for name, f := range fs {
+			if f.Name != name {
+				t.Errorf("flaw %s is filed as %s", f.Name, name)
+			}
+			if _, err := flawpatch.Apply(root, f); err != nil {
+				t.Error(err)
+			}
+		}
 	}
 }

@@ -20,6 +20,15 @@
 //   - Client.Disconnect and Client.Reconnect: one client is cut off the same
 //     way (a partition), the others go on.
 //   - Store.Restart: the store restarts, keeping its data or losing it.
+//   - Client.HoldReplies, DeliverReplies and DropReplies: requests take
+//     effect but their replies wait, arrive late, or are lost.
+//
+// These switches are test hooks: they exist for tests of code that uses
+// package lock, and for the conformance suite's harnesses (memory's own,
+// netstore's), which drive them as faults. A program that only takes locks
+// never calls them. The store itself has no deliberate bugs, not even
+// switched off: the suite's self-test compiles its flaws into a child test
+// binary (see TestSuiteCatchesFlaws).
 //
 // # Guarantees
 //
@@ -72,14 +81,12 @@ const shardCount = 64
 
 // Store is an in-process lock store. It is safe for concurrent use.
 type Store struct {
-	clock     clock.Clock
-	epoch     time.Time
-	fence     atomic.Uint64
-	deadFor   atomic.Int64 // time.Duration; see KeepDeadTokens
-	lastGrant atomic.Int64 // for the forgetFenceIdle flaw
-	shards    [shardCount]shard
-	gate      gate // Pause/Resume
-	flaws     flaws
+	clock   clock.Clock
+	epoch   time.Time
+	fence   atomic.Uint64
+	deadFor atomic.Int64 // time.Duration; see KeepDeadTokens
+	shards  [shardCount]shard
+	gate    gate // Pause/Resume
 }
 
 type shard struct {
@@ -264,7 +271,7 @@ func (c *Client) Disconnect() { c.gate.close() }
 // Reconnect undoes Disconnect.
 func (c *Client) Reconnect() { c.gate.open() }
 
-// HoldReplies simulates replies held on the network: the client's requests
+// HoldReplies is a test hook that simulates replies held on the network: the client's requests
 // still reach the store and take effect, but Acquire, Renew and Release
 // return only after DeliverReplies (or their context's end, or
 // DropReplies).
@@ -329,26 +336,18 @@ func (c *Client) Close() error {
 
 // Capabilities reports the store's guarantees.
 func (c *Client) Capabilities() backend.Capabilities {
-	caps := backend.Capabilities{
+	return backend.Capabilities{
 		MinTTL:       MinTTL,
 		ExpiryFactor: 1,
 		DurableFence: true, // with Restart(KeepData); see the package doc
 		InProcess:    true,
 	}
-	caps.FIFO = c.s.flaws.claimsFIFO
-	if c.s.flaws.roundDown {
-		caps.Granularity = flawGranularity
-	}
-	return caps
 }
 
 // enter waits until the client and the store answer.
 func (c *Client) enter(ctx context.Context) error {
 	if c.closed.Load() {
 		return backend.ErrClosed
-	}
-	if c.s.flaws.ignoreContext {
-		ctx = context.Background()
 	}
 	if err := c.gate.wait(ctx); err != nil {
 		return err
@@ -371,7 +370,7 @@ func checkTTL(ttl time.Duration) error {
 
 // Acquire implements backend.Backend.
 func (c *Client) Acquire(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
-	g, err := c.acquire(ctx, c.s.flaws.storedKey(key), token, ttl)
+	g, err := c.acquire(ctx, key, token, ttl)
 	return g, c.replied(ctx, err)
 }
 
@@ -383,9 +382,6 @@ func (c *Client) acquire(ctx context.Context, key, token string, ttl time.Durati
 		return backend.Grant{}, err
 	}
 	s := c.s
-	if s.flaws.nonAtomicAcquire {
-		return c.acquireNonAtomic(key, token, ttl)
-	}
 	sh := s.shard(key)
 	sh.mu.Lock()
 	now := s.now()
@@ -399,36 +395,16 @@ func (c *Client) acquire(ctx context.Context, key, token string, ttl time.Durati
 			sh.locks[key] = e
 		}
 		sh.mu.Unlock()
-		if s.flaws.expireEarly {
-			return backend.Grant{}, backend.Locked(0)
-		}
 		return backend.Grant{}, backend.Locked(e.expires - now)
 	}
 	fence := s.nextFence()
-	sh.locks[key] = entry{token: token, fence: fence, expires: now + s.flaws.enforced(ttl)}
+	sh.locks[key] = entry{token: token, fence: fence, expires: now + ttl}
 	sh.maybeSweep(now)
 	sh.mu.Unlock()
-	return backend.Grant{Fence: fence, TTL: s.granted(ttl)}, nil
-}
-
-// granted is the Grant.TTL of a request of ttl.
-func (s *Store) granted(ttl time.Duration) time.Duration {
-	if s.flaws.grantOverstated {
-		return 2 * ttl
-	}
-	return ttl
+	return backend.Grant{Fence: fence, TTL: ttl}, nil
 }
 
 func (s *Store) nextFence() uint64 {
-	if s.flaws.repeatFence {
-		return s.fence.Add(1)/2 + 1
-	}
-	if s.flaws.forgetFenceIdle {
-		now := s.now()
-		if last := time.Duration(s.lastGrant.Swap(int64(now))); last > 0 && now-last > 300*time.Millisecond {
-			s.fence.Store(0)
-		}
-	}
 	return s.fence.Add(1)
 }
 
@@ -450,7 +426,7 @@ func (sh *shard) maybeSweep(now time.Duration) {
 
 // Renew implements backend.Backend.
 func (c *Client) Renew(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
-	g, err := c.renew(ctx, c.s.flaws.storedKey(key), token, ttl)
+	g, err := c.renew(ctx, key, token, ttl)
 	return g, c.replied(ctx, err)
 }
 
@@ -468,25 +444,17 @@ func (c *Client) renew(ctx context.Context, key, token string, ttl time.Duration
 	now := s.now()
 	e, ok := sh.locks[key]
 	live := ok && now < e.expires
-	if !live || !s.flaws.sameToken(e.token, token) {
-		if s.flaws.renewReacquires && (!live || !ok) {
-			e = entry{token: token, fence: s.nextFence(), expires: now + ttl}
-			sh.locks[key] = e
-			return backend.Grant{Fence: e.fence, TTL: ttl}, nil
-		}
+	if !live || e.token != token {
 		return backend.Grant{}, backend.ErrNotHeld
 	}
-	e.expires = now + s.flaws.enforced(ttl)
-	if s.flaws.renewShort {
-		e.expires = now + ttl/2
-	}
+	e.expires = now + ttl
 	sh.locks[key] = e
-	return backend.Grant{Fence: e.fence, TTL: s.granted(ttl)}, nil
+	return backend.Grant{Fence: e.fence, TTL: ttl}, nil
 }
 
 // Release implements backend.Backend.
 func (c *Client) Release(ctx context.Context, key, token string) error {
-	return c.replied(ctx, c.release(ctx, c.s.flaws.storedKey(key), token))
+	return c.replied(ctx, c.release(ctx, key, token))
 }
 
 func (c *Client) release(ctx context.Context, key, token string) error {
@@ -499,7 +467,7 @@ func (c *Client) release(ctx context.Context, key, token string) error {
 	defer sh.mu.Unlock()
 	now := s.now()
 	e, ok := sh.locks[key]
-	if !ok || (!s.flaws.sameToken(e.token, token) && !s.flaws.releaseIgnoresToken) {
+	if !ok || e.token != token {
 		if dead, held := sh.deadToken(key, token, now); dead {
 			if held {
 				return nil // sent again after it took effect
@@ -511,7 +479,7 @@ func (c *Client) release(ctx context.Context, key, token string) error {
 		return backend.ErrNotHeld
 	}
 	delete(sh.locks, key)
-	if now >= e.expires && !s.flaws.releaseExpiredOK {
+	if now >= e.expires {
 		sh.kill(s, key, token, false, now)
 		return backend.ErrNotHeld // it had expired: the caller had lost it
 	}
@@ -528,7 +496,7 @@ func (c *Client) release(ctx context.Context, key, token string) error {
 // (Capabilities.InProcess); servers built on a Store, such as package
 // netstore, serve it.
 func (c *Client) Transfer(ctx context.Context, key, from, to string, ttl time.Duration, opt backend.TransferOptions) (backend.Transferred, error) {
-	t, err := c.transfer(ctx, c.s.flaws.storedKey(key), from, to, ttl, opt)
+	t, err := c.transfer(ctx, key, from, to, ttl, opt)
 	return t, c.replied(ctx, err)
 }
 
@@ -552,10 +520,10 @@ func (c *Client) transfer(ctx context.Context, key, from, to string, ttl time.Du
 	switch {
 	case !ok || now >= e.expires:
 		return backend.Transferred{}, backend.ErrNotHeld
-	case s.flaws.sameToken(e.token, to):
+	case e.token == to:
 		// Sent again after it took effect: report it, reserve nothing.
-		return backend.Transferred{Fence: e.fence, TTL: s.granted(ttl)}, nil
-	case !s.flaws.sameToken(e.token, from) && !(s.flaws.transferAnyFrom && opt.Fence > 0):
+		return backend.Transferred{Fence: e.fence, TTL: ttl}, nil
+	case e.token != from:
 		return backend.Transferred{}, backend.ErrNotHeld
 	}
 	fence := opt.Fence
@@ -569,15 +537,8 @@ func (c *Client) transfer(ctx context.Context, key, from, to string, ttl time.Du
 	if opt.Reserve && !e.waited {
 		next = s.nextFence() // above every fence so far, below every later one
 	}
-	n := entry{token: to, fence: fence, expires: now + s.flaws.enforced(ttl), waited: e.waited}
-	if s.flaws.transferForgets {
-		n.waited = false
-	}
-	if s.flaws.transferKeepsExpiry {
-		n.expires = e.expires
-	}
-	sh.locks[key] = n
-	return backend.Transferred{Fence: fence, TTL: s.granted(ttl), Next: next}, nil
+	sh.locks[key] = entry{token: to, fence: fence, expires: now + ttl, waited: e.waited}
+	return backend.Transferred{Fence: fence, TTL: ttl, Next: next}, nil
 }
 
 // wakeFirst wakes the longest-waiting watcher of key. Waking one waiter per
@@ -595,17 +556,13 @@ func (c *Client) Inspect(ctx context.Context, key string) (backend.Holder, error
 	if err := c.enter(ctx); err != nil {
 		return backend.Holder{}, err
 	}
-	key = c.s.flaws.storedKey(key)
 	sh := c.s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	now := c.s.now()
 	e, ok := sh.locks[key]
-	if !ok || (now >= e.expires && !c.s.flaws.inspectExpired) {
+	if !ok || now >= e.expires {
 		return backend.Holder{}, nil
-	}
-	if prev, ok := sh.released[key]; ok && c.s.flaws.inspectStale {
-		return backend.Holder{Held: true, Token: prev, Fence: e.fence - 1, Remaining: max(0, e.expires-now)}, nil
 	}
 	return backend.Holder{Held: true, Token: e.token, Fence: e.fence, Remaining: max(0, e.expires-now)}, nil
 }
@@ -621,9 +578,6 @@ func (c *Client) Watch(ctx context.Context, key string) (backend.Watch, error) {
 	}
 	sh := c.s.shard(key)
 	w := &watch{s: c.s, sh: sh, key: key, ch: make(chan struct{}, 1)}
-	if c.s.flaws.silentNotifier {
-		return w, nil // registered nowhere: never woken
-	}
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if sh.watchers == nil {

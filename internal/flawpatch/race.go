@@ -1,0 +1,5 @@
+//go:build race
+
+package flawpatch
+
+const raceEnabled = true
