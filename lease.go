@@ -397,7 +397,7 @@ func (l *Lease) completeHandover(from string, delivered <-chan bool) {
 	deadline := l.v.deadline
 	l.mu.Unlock()
 	ctx, cancel := context.WithCancel(context.Background())
-	if l.clock == clock.Real {
+	if clock.IsReal(l.clock) {
 		ctx, cancel = context.WithDeadline(context.Background(), deadline)
 	}
 	defer cancel()
@@ -569,7 +569,7 @@ func (l *Lease) watchdogRenew() {
 		return
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	if l.clock == clock.Real {
+	if clock.IsReal(l.clock) {
 		// Past the deadline the renewal is useless: let the backend give
 		// up then too.
 		ctx, cancel = context.WithDeadline(context.Background(), l.v.deadline)

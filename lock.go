@@ -84,8 +84,11 @@ type Client struct {
 	caps     backend.Capabilities
 	cfg      config
 	sched    *scheduler // runs the timers of leases on cfg.clock
-	local    localQueue // this client's goroutines waiting for the same key
-	closed   atomic.Bool
+	// renewSlots holds one token per automatic renewal running, at most
+	// maxConcurrentTicks (see scheduler.fire).
+	renewSlots chan struct{}
+	local      localQueue // this client's goroutines waiting for the same key
+	closed     atomic.Bool
 
 	bgMu     sync.Mutex
 	bgClosed bool           // no more cleanups start
@@ -124,6 +127,7 @@ func New(b backend.Backend, opts ...Option) (*Client, error) {
 		return nil, err
 	}
 	c.sched = newScheduler(c.cfg.clock)
+	c.renewSlots = make(chan struct{}, maxConcurrentTicks)
 	return c, nil
 }
 
@@ -649,11 +653,7 @@ func (c *Client) releaseUntilKnown(ctx context.Context, key, token string) {
 		if !unknownOutcome(err) || sent == cleanupResends {
 			return
 		}
-		t := time.NewTimer(pause)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
+		if c.sleep(ctx, &c.cfg, pause, nil) != nil {
 			return
 		}
 		pause *= 4

@@ -82,7 +82,7 @@ func (s *scheduler) fire() {
 		}
 	}
 	// Then the renewals, concurrently (a renewal is a network call), at
-	// most maxConcurrentTicks at once, so that thousands of leases falling
+	// most maxConcurrentTicks at once per Client, so that thousands of leases falling
 	// due together do not flood the store. Each renewal waits for its slot
 	// on its own goroutine: the leases are already scheduled again for
 	// their deadlines, which later firings check while renewals hang.
@@ -91,19 +91,20 @@ func (s *scheduler) fire() {
 	var wg sync.WaitGroup
 	for _, l := range renew {
 		wg.Go(func() {
-			renewSlots <- struct{}{}
-			defer func() { <-renewSlots }()
+			l.c.renewSlots <- struct{}{}
+			defer func() { <-l.c.renewSlots }()
 			l.watchdogRenew()
 		})
 	}
 	wg.Wait()
 }
 
-// maxConcurrentTicks bounds the automatic renewals a process runs at once.
+// maxConcurrentTicks bounds the automatic renewals a Client runs at once
+// (Client.renewSlots). The bound is per Client, not per process: it spares
+// the Client's store a flood, and one Client whose store hangs, holding all
+// of its slots, never delays the renewals of another Client, on another
+// store or the same one.
 const maxConcurrentTicks = 64
-
-// renewSlots holds one token per automatic renewal running.
-var renewSlots = make(chan struct{}, maxConcurrentTicks)
 
 type leaseHeap []*Lease
 

@@ -42,7 +42,21 @@ type Timer interface {
 // clock (one clock read instead of two) and derives the wall reading from the
 // wall time at program start: deadlines are immune to wall-clock steps, and
 // a printed time may differ from time.Now by the steps since start.
-var Real Clock = realClock{}
+//
+// Real's type is not an interface but an unexported struct: no other clock
+// can be assigned to it, so a program (or a test) cannot swap the system
+// clock for every user of this package at once; a clock is given to each
+// user instead (lock.WithClock, memory.WithClock). Tell it apart with
+// IsReal, not by comparing it with Real.
+var Real = realClock{}
+
+// IsReal reports whether c is Real: its times are the system's monotonic
+// clock, so a context deadline (context.WithDeadline) taken from them
+// expires when the clock reaches it.
+func IsReal(c Clock) bool {
+	_, ok := c.(realClock)
+	return ok
+}
 
 type realClock struct{}
 

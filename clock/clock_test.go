@@ -1,6 +1,7 @@
 package clock_test
 
 import (
+	"reflect"
 	"sync"
 	"testing"
 	"time"
@@ -98,5 +99,20 @@ func TestRealClockIsMonotonic(t *testing.T) {
 	case <-done:
 	case <-time.After(5 * time.Second):
 		t.Fatal("Real AfterFunc did not fire")
+	}
+}
+
+// Real cannot be replaced by another clock: its variable's type is not an
+// interface. IsReal tells it apart from other clocks by type.
+func TestRealIsNotReplaceable(t *testing.T) {
+	if k := reflect.TypeOf(&clock.Real).Elem().Kind(); k == reflect.Interface {
+		t.Fatalf("clock.Real is a variable of interface type: any clock can be assigned to it")
+	}
+	var c clock.Clock = clock.Real
+	if !clock.IsReal(c) {
+		t.Error("IsReal(clock.Real) = false")
+	}
+	if clock.IsReal(clock.NewFake(time.Now())) {
+		t.Error("IsReal(a fake clock) = true")
 	}
 }
