@@ -55,6 +55,7 @@ type Lease struct {
 	index    int       // in the scheduler's heap, -1 when not in it; guarded by sched.mu
 	done     chan struct{}
 	hooks    []func(error)
+	ended    []func(error)      // hooks of an end, run by unlock after the mutex is released
 	cancel   context.CancelFunc // of an automatic renewal in flight
 	next     uint64             // a fence reserved for the next holder; 0: none
 
@@ -107,7 +108,7 @@ func (c *Client) newLease(key, token string, cfg *config, sent time.Time, g back
 func (c *Client) newHandedLease(key, token string, cfg *config, fence uint64, prev time.Time) *Lease {
 	l := c.newLease(key, token, cfg, time.Time{}, backend.Grant{Fence: fence})
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	defer l.unlock()
 	l.handover = make(chan struct{})
 	l.acquired = cfg.clock.Now() // for the maximum hold time
 	l.v.inherit(prev, l.acquired, l.ttl)
@@ -143,7 +144,7 @@ func (l *Lease) TTL() time.Duration { return l.ttl }
 // this client sent (see validity).
 func (l *Lease) Deadline() time.Time {
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	defer l.unlock()
 	return l.v.deadline
 }
 
@@ -151,7 +152,7 @@ func (l *Lease) Deadline() time.Time {
 // released. Err tells which.
 func (l *Lease) Done() <-chan struct{} {
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	defer l.unlock()
 	l.checkDeadlineLocked()
 	if l.done == nil {
 		if l.state != stateHeld {
@@ -167,7 +168,7 @@ func (l *Lease) Done() <-chan struct{} {
 // is lost, and ErrReleased after a release.
 func (l *Lease) Err() error {
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	defer l.unlock()
 	l.checkDeadlineLocked()
 	return l.err
 }
@@ -228,7 +229,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	l.checkDeadlineLocked()
 	switch l.state {
 	case stateReleased:
-		l.mu.Unlock()
+		l.unlock()
 		return nil
 	case stateHeld:
 		l.endLocked(stateReleased, ErrReleased)
@@ -237,7 +238,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	if lostErr == ErrReleased {
 		lostErr = nil
 	}
-	l.mu.Unlock()
+	l.unlock()
 
 	if lostErr == nil {
 		if done, err := l.transferToNext(ctx); done {
@@ -255,7 +256,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		lost := fmt.Errorf("%w: the store no longer held it at release: %w", ErrLost, err)
 		l.mu.Lock()
 		l.err = lost
-		l.mu.Unlock()
+		l.unlock()
 		return wrap("release", l.key, lost)
 	default:
 		// Unknown outcome (the reply was lost, or ctx ended while the
@@ -330,7 +331,7 @@ func (l *Lease) transferToNext(ctx context.Context) (bool, error) {
 	}
 	l.mu.Lock()
 	reserved, deadline := l.next, l.v.deadline
-	l.mu.Unlock()
+	l.unlock()
 	sameClock := l.sched == c.sched && w.cfg.clockID == c.cfg.clockID
 	if left := l.clock.Until(deadline); reserved > 0 && sameClock && left >= l.ttl/handoverMargin && left >= w.cfg.ttl/handoverMargin {
 		next := c.newHandedLease(l.key, w.token, w.cfg, reserved, deadline)
@@ -366,7 +367,7 @@ func (l *Lease) transferToNext(ctx context.Context) (bool, error) {
 		next := c.newLease(l.key, w.token, w.cfg, sent, backend.Grant{Fence: t.Fence, TTL: t.TTL})
 		next.mu.Lock()
 		next.next = t.Next
-		next.mu.Unlock()
+		next.unlock()
 		l.leftTurn.Store(true) // the turn goes with the lock
 		if !c.local.deliver(l.key, w, next) {
 			next.releaseInBackground() // the waiter gave up meanwhile
@@ -376,7 +377,7 @@ func (l *Lease) transferToNext(ctx context.Context) (bool, error) {
 		lost := fmt.Errorf("%w: the store no longer held it at release: %w", ErrLost, err)
 		l.mu.Lock()
 		l.err = lost
-		l.mu.Unlock()
+		l.unlock()
 		l.passTurn()
 		return true, wrap("release", l.key, lost)
 	case !errors.Is(err, backend.ErrTransferRefused):
@@ -395,7 +396,7 @@ func (l *Lease) transferToNext(ctx context.Context) (bool, error) {
 func (l *Lease) completeHandover(from string, delivered <-chan bool) {
 	l.mu.Lock()
 	deadline := l.v.deadline
-	l.mu.Unlock()
+	l.unlock()
 	ctx, cancel := context.WithCancel(context.Background())
 	if clock.IsReal(l.clock) {
 		ctx, cancel = context.WithDeadline(context.Background(), deadline)
@@ -410,7 +411,7 @@ func (l *Lease) completeHandover(from string, delivered <-chan bool) {
 	if l.state == stateHeld {
 		l.armLocked() // the watchdog may renew from now on
 	}
-	l.mu.Unlock()
+	l.unlock()
 	if !took { // the waiter gave up meanwhile
 		rctx, rcancel := context.WithTimeout(context.Background(), max(l.ttl, time.Second))
 		defer rcancel()
@@ -421,7 +422,7 @@ func (l *Lease) completeHandover(from string, delivered <-chan bool) {
 // settleHandover applies the outcome of a handover's transfer to l.
 func (l *Lease) settleHandover(ctx context.Context, from string, sent time.Time, t backend.Transferred, err error) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	defer l.unlock()
 	l.checkDeadlineLocked()
 	if err == nil {
 		if berr := l.c.brokenGrant("a transfer", t.Fence, t.TTL, l.ttl); berr == nil && t.Fence != l.fence {
@@ -453,15 +454,40 @@ func (l *Lease) settleHandover(ctx context.Context, from string, sent time.Time,
 	}
 }
 
-// onEnd registers f to be called once, with the lease's error, when it ends.
+// onEnd registers f to be called once, with the lease's error, when it
+// ends; at once if it has ended. f runs without l's mutex held.
 func (l *Lease) onEnd(f func(error)) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.state != stateHeld {
-		f(l.err)
+	if l.state == stateHeld {
+		l.hooks = append(l.hooks, f)
+		l.unlock()
 		return
 	}
-	l.hooks = append(l.hooks, f)
+	err := l.err
+	l.unlock()
+	f(err)
+}
+
+// unlock releases l's mutex and then runs the end hooks that endLocked
+// took while it was held. Every unlock of l.mu goes through here, so the
+// goroutine that ended the lease runs them right after its critical
+// section.
+//
+// Why running them outside the mutex is safe: endLocked has already made
+// the end visible (state, err, Done closed, the scheduler and a renewal in
+// flight cancelled) and moved the hooks out of l.hooks under the mutex, and
+// onEnd appends only while the lease is held, so each hook runs exactly
+// once, after the end, as before. A hook that needs the lease's mutex (a
+// backend's stop function that waits for its loss callback, which takes
+// it, or one that reads l.Err) would deadlock under it; outside, it just
+// finds the lease ended.
+func (l *Lease) unlock() {
+	hooks, err := l.ended, l.err
+	l.ended = nil
+	l.mu.Unlock()
+	for _, f := range hooks {
+		f(err)
+	}
 }
 
 func (l *Lease) renew(ctx context.Context) error {
@@ -472,18 +498,18 @@ func (l *Lease) renew(ctx context.Context) error {
 	l.checkDeadlineLocked()
 	if l.state != stateHeld {
 		err := l.err
-		l.mu.Unlock()
+		l.unlock()
 		return wrap("renew", l.key, err)
 	}
 	ttl := l.ttl
 	l.v.sending(ttl)
 	sent := l.clock.Now()
-	l.mu.Unlock()
+	l.unlock()
 
 	g, err := l.c.b.Renew(ctx, l.key, l.token, ttl)
 
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	defer l.unlock()
 	l.checkDeadlineLocked()
 	if l.state != stateHeld {
 		if err == nil && l.state == stateLost {
@@ -541,7 +567,7 @@ func (l *Lease) mayRenewLocked() bool {
 // (the deadline moved) schedules the lease again.
 func (l *Lease) tick() bool {
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	defer l.unlock()
 	if l.state != stateHeld || l.checkDeadlineLocked() {
 		return false
 	}
@@ -565,7 +591,7 @@ func (l *Lease) watchdogRenew() {
 	l.mu.Lock()
 	if l.state != stateHeld {
 		l.renewing = false
-		l.mu.Unlock()
+		l.unlock()
 		return
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -575,13 +601,13 @@ func (l *Lease) watchdogRenew() {
 		ctx, cancel = context.WithDeadline(context.Background(), l.v.deadline)
 	}
 	l.cancel = cancel
-	l.mu.Unlock()
+	l.unlock()
 
 	err := l.renew(ctx)
 	cancel()
 
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	defer l.unlock()
 	l.renewing = false
 	l.cancel = nil
 	if l.state != stateHeld {
@@ -639,6 +665,8 @@ func (l *Lease) passTurn() {
 	}
 }
 
+// endLocked ends the lease, with l.mu held. Its end hooks run in unlock,
+// once the mutex is released.
 func (l *Lease) endLocked(st leaseState, err error) {
 	l.state = st
 	l.err = err
@@ -654,8 +682,6 @@ func (l *Lease) endLocked(st leaseState, err error) {
 	} else if l.done != closedChan {
 		close(l.done)
 	}
-	for _, f := range l.hooks {
-		f(err)
-	}
+	l.ended = append(l.ended, l.hooks...) // run by unlock
 	l.hooks = nil
 }

@@ -520,7 +520,7 @@ func (c *Client) handed(ctx context.Context, q backend.Queue, key string, cfg *c
 		l.leftTurn.Store(true) // the call keeps the client's turn: it goes on
 		l.mu.Lock()
 		l.endLocked(stateLost, fmt.Errorf("%w: handed over with no validity left", ErrLost))
-		l.mu.Unlock()
+		l.unlock()
 		delete(refused, h.Token)
 		return nil, nil
 	}
@@ -537,7 +537,7 @@ func (c *Client) watchLoss(l *Lease) {
 	}
 	stop := c.loss.NotifyLoss(l.key, l.token, l.fence, func(err error) {
 		l.mu.Lock()
-		defer l.mu.Unlock()
+		defer l.unlock()
 		if l.state == stateHeld {
 			// The store's word, as a renewal's ErrNotHeld would be.
 			l.endLocked(stateLost, fmt.Errorf("%w: the store says the lock is gone (%w): %w", ErrLost, ErrNotHeld, err))

@@ -151,3 +151,56 @@ func TestCleanupResendPausesOnTheClientsClock(t *testing.T) {
 		t.Fatal("the cleanup did not send the release again when the pause ended")
 	}
 }
+
+// waitingStop is a backend whose loss watch has a stop function that waits
+// for its watcher goroutine; the watcher reports the loss when stop is
+// called (a watch ended by a release sees the key go), as a backend may.
+type waitingStop struct {
+	backend.Backend
+	stopped chan struct{} // closed when a stop returned
+}
+
+func (w *waitingStop) NotifyLoss(key, token string, fence uint64, lost func(error)) (stop func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		<-quit
+		lost(errors.New("the key is gone (simulated watch)"))
+	}()
+	return func() {
+		close(quit)
+		<-done
+		close(w.stopped)
+	}
+}
+
+// End hooks run after the lease's mutex is released: a backend's stop
+// function that waits for its loss callback, which takes the mutex, does
+// not deadlock the release. (They ran under the mutex: Release hung.)
+func TestEndHooksRunOutsideTheLeaseMutex(t *testing.T) {
+	ctx := context.Background()
+	b := &waitingStop{Backend: memory.New(), stopped: make(chan struct{})}
+	c, err := lock.New(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	l, err := c.TryAcquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	released := make(chan error, 1)
+	go func() { released <- l.Release(ctx) }()
+	select {
+	case err := <-released:
+		if err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Release hung: the backend's stop function ran under the lease's mutex, which its loss callback needs")
+	}
+	<-b.stopped
+	if !errors.Is(l.Err(), lock.ErrReleased) {
+		t.Errorf("Err after Release and a late loss report: %v; want ErrReleased", l.Err())
+	}
+}
