@@ -56,7 +56,10 @@
 //
 // "mem://" opens a fresh private store; "mem://NAME" opens a new client of the
 // process-wide store NAME, created on first use, so two Opens of one name
-// contend for the same keys. No query parameters besides the client's own.
+// contend for the same keys. The store NAME lives while a client opened so
+// is open: once the last is closed it is freed, and the next Open of NAME
+// starts a fresh store (no locks, fences from 1, as Restart(LoseData)). No
+// query parameters besides the client's own.
 package memory
 
 import (
@@ -251,6 +254,7 @@ type Client struct {
 	dropMu  sync.Mutex
 	dropped chan struct{} // closed by DropReplies
 	closed  atomic.Bool
+	onClose func() // run by the first Close: a named store's release
 }
 
 var (
@@ -330,7 +334,9 @@ func (c *Client) replied(ctx context.Context, err error) error {
 
 // Close closes the client. Locks it holds stay until they expire.
 func (c *Client) Close() error {
-	c.closed.Store(true)
+	if c.closed.CompareAndSwap(false, true) && c.onClose != nil {
+		c.onClose()
+	}
 	return nil
 }
 
@@ -673,10 +679,17 @@ func (g *gate) wait(ctx context.Context) error {
 	}
 }
 
+// The stores of mem://NAME URLs, each with the number of its clients
+// opened from a URL and not yet closed.
 var (
 	namedMu sync.Mutex
-	named   = map[string]*Store{}
+	named   = map[string]*namedStore{}
 )
+
+type namedStore struct {
+	s       *Store
+	clients int
+}
 
 func init() {
 	lock.Register("mem", nil, func(ctx context.Context, u *url.URL) (backend.Backend, error) {
@@ -695,11 +708,20 @@ func init() {
 		}
 		namedMu.Lock()
 		defer namedMu.Unlock()
-		s := named[name]
-		if s == nil {
-			s = NewStore()
-			named[name] = s
+		n := named[name]
+		if n == nil {
+			n = &namedStore{s: NewStore()}
+			named[name] = n
 		}
-		return s.NewClient(), nil
+		n.clients++
+		c := n.s.NewClient()
+		c.onClose = func() {
+			namedMu.Lock()
+			defer namedMu.Unlock()
+			if n.clients--; n.clients == 0 {
+				delete(named, name)
+			}
+		}
+		return c, nil
 	})
 }
