@@ -41,20 +41,11 @@ func TestTLS(t *testing.T) {
 			t.Fatalf("server_name=%s: %v", testca.ServerName, err)
 		}
 	})
-	refused := []struct {
-		name   string
-		params []string
-		want   string
-	}{
-		{"SystemRoots", nil, "certificate signed by unknown authority"},
-		{"OtherCA", []string{"ca_file", ca.OtherCAFile}, "certificate signed by unknown authority"},
-		{"WrongServerName", []string{"ca_file", ca.CAFile, "server_name", "wrong.example"}, "not wrong.example"},
-	}
-	for _, tc := range refused {
-		t.Run(tc.name, func(t *testing.T) {
-			err := testca.LockOnce(tlsURL(srv.Addr, tc.params...), 1500*time.Millisecond)
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("%v; want a refusal saying %q", err, tc.want)
+	for _, tc := range ca.Refusals() {
+		t.Run(tc.Name, func(t *testing.T) {
+			err := testca.LockOnce(tlsURL(srv.Addr, tc.Params...), 1500*time.Millisecond)
+			if err == nil || !strings.Contains(err.Error(), tc.Want) {
+				t.Fatalf("%v; want a refusal saying %q", err, tc.Want)
 			}
 		})
 	}

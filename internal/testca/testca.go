@@ -141,6 +141,26 @@ func writePEM(t testing.TB, path, kind string, der []byte) {
 	}
 }
 
+// A Refusal is a set of TLS parameters (name, value, ...) with which a
+// client must refuse a server that presents the CA's server certificate,
+// and what the error then says.
+type Refusal struct {
+	Name   string
+	Params []string
+	Want   string
+}
+
+// Refusals are the ways the backends' TLS tests expect a connection to the
+// CA's server to be refused: trusting the system's roots only, trusting
+// another CA, and checking the certificate for a name it does not carry.
+func (ca *CA) Refusals() []Refusal {
+	return []Refusal{
+		{"SystemRoots", nil, "certificate signed by unknown authority"},
+		{"OtherCA", []string{"ca_file", ca.OtherCAFile}, "certificate signed by unknown authority"},
+		{"WrongServerName", []string{"ca_file", ca.CAFile, "server_name", "wrong.example"}, "not wrong.example"},
+	}
+}
+
 // LockOnce opens rawURL, takes and releases a lock within wait, and
 // returns the first error: what a TLS test does once it has a URL.
 func LockOnce(rawURL string, wait time.Duration) error {
