@@ -61,3 +61,17 @@ func Raise(a *atomic.Uint64, f uint64) {
 		}
 	}
 }
+
+// Stale returns a fence that must be refused now, when newest holds the
+// highest fence accepted so far: one below it, or (on odd rounds) equal to
+// it, offered by another holder. ok is false while newest is below 2.
+func Stale(newest *atomic.Uint64, round int) (f uint64, ok bool) {
+	c := newest.Load()
+	if c < 2 {
+		return 0, false
+	}
+	if round%2 == 1 {
+		return c, true
+	}
+	return c - 1, true
+}

@@ -323,13 +323,9 @@ func race(t *testing.T, db *sql.DB, d fence.Dialect, tbl applier, workers, round
 				} else {
 					atomic.AddInt64(&r.refused, 1)
 				}
-				c := newest.Load()
-				if c < 2 {
+				var stale bool
+				if f, stale = fencerule.Stale(&newest, i); !stale {
 					continue
-				}
-				f = c - 1
-				if i%2 == 1 {
-					f = c
 				}
 				ok, err = write(f, fmt.Sprint("late-", w))
 				if err != nil {
