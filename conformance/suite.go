@@ -136,48 +136,6 @@ func (s *suite) counted(t *testing.T) *counted {
 	return &counted{Backend: s.backend(t), caps: s.caps}
 }
 
-// renewAfterLoss: once the client's deadline passed, Renew reports ErrLost
-// without asking the store, and the lock is not re-acquired.
-func (s *suite) renewAfterLoss(t *testing.T) {
-	ctx := s.ctx(t)
-	key := s.key(t)
-	cb := s.counted(t)
-	a := s.clientOver(t, cb, lock.WithAutoRenew(false))
-	l, err := a.TryAcquire(ctx, key, lock.WithTTL(s.short))
-	if err != nil {
-		t.Fatalf("TryAcquire: %v", err)
-	}
-	select {
-	case <-l.Done():
-	case <-time.After(s.short + s.slack):
-		t.Fatalf("lease without renewal still valid %v after acquisition; TTL %v", s.short+s.slack, s.short)
-	}
-	if now := time.Now(); now.Before(l.Deadline()) {
-		t.Errorf("Done closed %v before the deadline", l.Deadline().Sub(now))
-	}
-	if err := l.Err(); !errors.Is(err, lock.ErrLost) {
-		t.Errorf("Err after the deadline: %v; want ErrLost", err)
-	}
-	before := cb.calls.Load()
-	if err := l.Renew(ctx); !errors.Is(err, lock.ErrLost) {
-		t.Errorf("Renew after loss: %v; want ErrLost", err)
-	}
-	if n := cb.calls.Load() - before; n != 0 {
-		t.Errorf("Renew after loss sent %d requests to the store; want none", n)
-	}
-	if err := l.Release(ctx); !errors.Is(err, lock.ErrLost) {
-		t.Errorf("Release after loss: %v; want ErrLost (the caller must learn it lost the lock)", err)
-	}
-	b := s.client(t)
-	wctx, cancel := context.WithTimeout(ctx, s.caps.LatestExpiry(s.short)+s.slack)
-	defer cancel()
-	l2, err := b.Acquire(wctx, key, lock.WithTTL(s.long))
-	if err != nil {
-		t.Fatalf("Acquire by another client after the loss: %v", err)
-	}
-	successorDone(ctx, t, l, l2)
-}
-
 // successorDone checks that next's fence is above prev's, then releases next.
 func successorDone(ctx context.Context, t *testing.T, prev, next *lock.Lease) {
 	t.Helper()
@@ -418,74 +376,6 @@ func (s *suite) cutOff(t *testing.T, b backend.Backend) (undo func(), whole bool
 	}
 	t.Cleanup(undo)
 	return undo, whole, true
-}
-
-// lostSignal: the holder is cut off from the store; it must be told it lost
-// the lock before the store could grant the key to anyone else.
-func (s *suite) lostSignal(t *testing.T) {
-	ctx := s.ctx(t)
-	key := s.key(t)
-	drift := max(lock.DefaultDrift(s.short), s.short/4)
-	ab := s.backend(t)
-	a := s.clientOver(t, ab, lock.WithDrift(drift))
-	l, err := a.TryAcquire(ctx, key, lock.WithTTL(s.short))
-	if err != nil {
-		t.Fatalf("TryAcquire: %v", err)
-	}
-	undo, whole, ok := s.cutOff(t, ab)
-	if !ok {
-		t.Skip("the harness offers neither Disconnecter nor Pauser: the store cannot be cut off")
-	}
-	type got struct {
-		at  time.Time
-		l   *lock.Lease
-		err error
-	}
-	successor := make(chan got, 1)
-	if !whole {
-		b := s.client(t)
-		go func() {
-			l, err := b.Acquire(ctx, key, lock.WithTTL(s.long))
-			successor <- got{time.Now(), l, err}
-		}()
-	}
-	var lostAt time.Time
-	select {
-	case <-l.Done():
-		lostAt = time.Now()
-	case <-time.After(s.caps.LatestExpiry(s.short) + s.slack):
-		t.Fatalf("holder cut off from the store was not told within %v; TTL %v", s.caps.LatestExpiry(s.short)+s.slack, s.short)
-	}
-	if err := l.Err(); !errors.Is(err, lock.ErrLost) {
-		t.Errorf("Err: %v; want ErrLost", err)
-	}
-	deadline := l.Deadline()
-	earliestExpiry := deadline.Add(drift) // send time of the last successful request + TTL
-	if lostAt.Before(deadline) {
-		t.Errorf("told %v before its deadline", deadline.Sub(lostAt))
-	}
-	if lostAt.After(earliestExpiry) {
-		t.Errorf("told %v after the store could have expired the lock (drift margin %v)", lostAt.Sub(earliestExpiry), drift)
-	}
-	undo()
-	if whole {
-		b := s.client(t)
-		l2, err := b.Acquire(ctx, key, lock.WithTTL(s.long))
-		successor <- got{time.Now(), l2, err}
-	}
-	g := <-successor
-	if g.err != nil {
-		t.Fatalf("successor Acquire: %v", g.err)
-	}
-	if !g.at.After(lostAt) {
-		t.Errorf("successor held the key %v before the holder was told", lostAt.Sub(g.at))
-	}
-	if g.l.Fence() <= l.Fence() {
-		t.Errorf("successor fence %d after %d; want strictly increasing", g.l.Fence(), l.Fence())
-	}
-	if err := g.l.Release(ctx); err != nil {
-		t.Errorf("successor Release: %v", err)
-	}
 }
 
 // cancelWhileStoreHangs: the context ends while the acquire request is
