@@ -5,7 +5,6 @@ import (
 	crand "crypto/rand"
 	"encoding/hex"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -102,34 +101,6 @@ func (s *suite) checkHistory(t *testing.T, rec *recorder) {
 	if err := rec.check(checkBudget); err != nil {
 		t.Error(err)
 	}
-}
-
-// counted counts the calls that reach the store.
-type counted struct {
-	backend.Backend
-	caps  backend.Capabilities
-	calls atomic.Int64
-}
-
-func (c *counted) Acquire(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
-	c.calls.Add(1)
-	return c.Backend.Acquire(ctx, key, token, ttl)
-}
-
-func (c *counted) Renew(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
-	c.calls.Add(1)
-	return c.Backend.Renew(ctx, key, token, ttl)
-}
-
-func (c *counted) Release(ctx context.Context, key, token string) error {
-	c.calls.Add(1)
-	return c.Backend.Release(ctx, key, token)
-}
-
-func (c *counted) Capabilities() backend.Capabilities { return c.caps }
-
-func (s *suite) counted(t *testing.T) *counted {
-	return &counted{Backend: s.backend(t), caps: s.caps}
 }
 
 // successorDone checks that next's fence is above prev's, then releases next.
