@@ -101,25 +101,6 @@ func (n *notifier) subscribed(channel string) bool {
 	return !leaving
 }
 
-// handoff reports a handover to place p found without its message.
-func (n *notifier) handoff(p *place, fence uint64, token string) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	p.mu.Lock()
-	w := p.w
-	p.mu.Unlock()
-	if w != nil && p.handoff(fence, token) {
-		w.notify()
-	}
-}
-
-// wake wakes w.
-func (n *notifier) wake(w *watch) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	w.notify()
-}
-
 func (n *notifier) watchOn(ctx context.Context, channel string, p *place) (*watch, error) {
 	if n.owned {
 		ctx = markOwned(ctx)
@@ -262,8 +243,8 @@ func (n *notifier) released(channel, id string) {
 	}
 	if pid, fence, token, ok := parseHandover(id); ok {
 		// A handover to one place in the queue: it wakes that place.
-		if w := st.places[pid]; w != nil && w.place.handoff(fence, token) {
-			w.notify()
+		if w := st.places[pid]; w != nil {
+			w.place.q.Handoff(token, backend.Grant{Fence: fence, TTL: granted(w.place.q.TTL())})
 		}
 		return
 	}
@@ -379,9 +360,14 @@ type watch struct {
 
 func (w *watch) C() <-chan struct{} { return w.ch }
 
-// notify is called with n.mu held.
+// notify is called with n.mu held. A place's wake-ups go to its queue
+// place.
 func (w *watch) notify() {
 	w.woken = true
+	if w.place != nil {
+		w.place.q.Wake()
+		return
+	}
 	select {
 	case w.ch <- struct{}{}:
 	default:

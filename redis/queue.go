@@ -4,6 +4,7 @@ import (
 	"context"
 	crand "crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/backend/waitq"
 )
 
 // The waiters' queue and the handover (backend.Queuer), single deployment
@@ -266,63 +268,24 @@ func (b *Backend) Queue(key string) (backend.Queue, error) {
 	var id [8]byte
 	crand.Read(id[:])
 	lk, fk := keys(b.opts.prefix, key)
-	p := &place{b: b, key: key, lk: lk, fk: fk, id: hex.EncodeToString(id[:]), ch: make(chan struct{}, 1)}
+	p := &place{b: b, lk: lk, fk: fk, id: hex.EncodeToString(id[:])}
 	p.rec = recordPrefixOf(lk) + p.id
-	return p, nil
+	p.q = b.queues.New(p)
+	return p.q, nil
 }
 
-// place is one waiter's place in a key's queue.
+// place is the store side of one waiter's place in a key's queue
+// (waitq.Store): the scripts above, and the subscription that carries its
+// messages.
 type place struct {
 	b          *Backend
-	key        string
+	q          *waitq.Place
 	lk, fk, id string
 	rec        string
-	ch         chan struct{} // wake-ups when no subscription carries them
 
-	mu        sync.Mutex
-	w         *watch // the subscription to the key's channel, once queued
-	cur       string // the token in the record
-	ttl       time.Duration
-	refreshed time.Time // send time of the latest confirmed write or refresh of the record
-	queued    bool      // the record may exist
-	handed    *backend.Handover
-	closed    bool
-	timer     *time.Timer // the record's next refresh
-	expiry    *time.Timer // the holder's expiry, for the first place
-}
-
-// C implements backend.Watch: the subscription's wake-ups once the place
-// has one.
-func (p *place) C() <-chan struct{} {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.w != nil {
-		return p.w.C()
-	}
-	return p.ch
-}
-
-// Handed implements backend.Queue.
-func (p *place) Handed() (backend.Handover, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.handed == nil {
-		return backend.Handover{}, false
-	}
-	return *p.handed, true
-}
-
-// handoff records the lock handed to the place's token at fence, from a
-// release message. The notifier calls it with its lock held.
-func (p *place) handoff(fence uint64, token string) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed || token != p.cur || p.handed != nil {
-		return false
-	}
-	p.handed = &backend.Handover{Token: token, Grant: backend.Grant{Fence: fence, TTL: granted(p.ttl)}, Since: p.refreshed}
-	p.queued = false // the handover deleted the record
-	return true
+	mu     sync.Mutex
+	w      *watch // the subscription to the place's channel, once queued
+	closed bool
 }
 
 func (p *place) acquireKeys(token string) []string {
@@ -333,74 +296,101 @@ func (p *place) acquireKeys(token string) []string {
 	return ks
 }
 
-// Acquire implements backend.Queue.
-func (p *place) Acquire(ctx context.Context, token string, ttl time.Duration) (backend.Grant, error) {
+// Attempt implements waitq.Store: placeAcquireScript. The record, written
+// with the attempt's TTL, is the place's carrier: a refusal's send time is
+// its confirmed refresh.
+func (p *place) Attempt(ctx context.Context, a waitq.Attempt) (waitq.Result, error) {
 	b := p.b
 	if err := b.check(); err != nil {
-		return backend.Grant{}, err
+		return waitq.Result{}, err
 	}
 	ch := p.channel()
 	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
-		return backend.Grant{}, backend.ErrClosed
-	}
-	prev, subscribed := p.cur, p.w != nil
+	subscribed := p.w != nil
 	p.mu.Unlock()
 	if !subscribed && b.notify.subscribed(ch) {
 		// The key's channel is subscribed already (a hot key): join it
 		// before queueing, so that no handover message is missed. This
 		// sends nothing.
 		if err := p.subscribe(ctx, ch); err != nil {
-			return backend.Grant{}, err
+			return waitq.Result{}, err
 		}
 		subscribed = true
 	}
 	sent := time.Now()
-	out, err := b.batch.run(ctx, placeAcquireScript, p.acquireKeys(token), token, ms(ttl), p.id, prev, recordPrefixOf(p.lk), ch).Int64Slice()
+	out, err := b.batch.run(ctx, placeAcquireScript, p.acquireKeys(a.Token), a.Token, ms(a.TTL), p.id, a.Prev, recordPrefixOf(p.lk), ch).Int64Slice()
 	if err == nil && (len(out) == 0 || len(out) > 2 || (out[0] <= 0) != (len(out) == 2)) {
 		err = fmt.Errorf("unexpected script reply %v", out)
 	}
 	if err != nil {
-		p.mu.Lock()
-		p.queued = true // the record may exist: Close removes it
-		p.mu.Unlock()
-		return backend.Grant{}, acquireErr(err)
+		return waitq.Result{Queued: true}, acquireErr(err)
 	}
-	res := out[0]
-	if res > 0 {
-		p.mu.Lock()
-		p.queued, p.handed = false, nil
-		p.stopRefreshLocked()
-		p.mu.Unlock()
-		return backend.Grant{Fence: uint64(res), TTL: granted(ttl)}, nil
+	if out[0] > 0 {
+		return waitq.Result{Grant: backend.Grant{Fence: uint64(out[0]), TTL: granted(a.TTL)}}, nil
 	}
-	p.mu.Lock()
-	p.cur, p.ttl, p.queued = token, ttl, true
-	if sent.After(p.refreshed) {
-		p.refreshed = sent // the script wrote the record with ttl
-	}
-	p.scheduleRefreshLocked()
-	if p.expiry != nil {
-		p.expiry.Stop()
-		p.expiry = nil
-	}
-	if out[1] == 1 && res < 0 {
+	left := time.Duration(-out[0]) * time.Millisecond
+	res := waitq.Result{Queued: true, Refreshed: sent}
+	if out[1] == 1 && out[0] < 0 {
 		// First in the queue: a holder that expires hands nothing over
 		// and publishes nothing; try again when its expiry comes.
-		p.expiry = time.AfterFunc(time.Duration(-res)*time.Millisecond+time.Millisecond, p.wake)
+		res.RetryIn = left + time.Millisecond
 	}
-	p.mu.Unlock()
 	if !subscribed {
 		// Join the key's channel, then check once more: a handover
 		// published before the subscription was not heard.
 		if err := p.subscribe(ctx, ch); err == nil {
-			if h, err := inspect(ctx, b.batch, p.lk, p.fk); err == nil && h.Held && h.Token == token {
-				b.notify.handoff(p, h.Fence, token)
+			if h, err := inspect(ctx, b.batch, p.lk, p.fk); err == nil && h.Held && h.Token == a.Token {
+				p.q.Handoff(a.Token, backend.Grant{Fence: h.Fence, TTL: granted(a.TTL)})
 			}
 		}
 	}
-	return backend.Grant{}, backend.Locked(time.Duration(-res) * time.Millisecond)
+	return res, backend.Locked(left)
+}
+
+// Refresh implements waitq.Store: refreshScript, which also tells the
+// place first in the queue when the holder's lock expires.
+func (p *place) Refresh(ctx context.Context, ttl time.Duration) (waitq.Refreshed, error) {
+	out, err := p.b.batch.run(ctx, refreshScript, []string{p.rec, queueKeyOf(p.lk), p.lk}, ms(ttl), p.id).Int64Slice()
+	if err == nil && len(out) != 2 {
+		err = fmt.Errorf("unexpected script reply %v", out)
+	}
+	switch {
+	case err != nil:
+		return waitq.Refreshed{}, err
+	case out[0] == 0:
+		return waitq.Refreshed{Gone: true}, nil
+	case out[1] != -3:
+		// First in the queue: try when the lock expires (a holder that
+		// dies hands nothing over), or now when it is free.
+		return waitq.Refreshed{RetryIn: time.Duration(max(out[1], 0))*time.Millisecond + time.Millisecond}, nil
+	}
+	return waitq.Refreshed{}, nil
+}
+
+// Leave implements waitq.Store: the release script for the record's token
+// takes the record and its queue entry, and releases a lock handed to it
+// to the next waiter; a handover to another token is released too.
+func (p *place) Leave(ctx context.Context, l waitq.Leaving) error {
+	var err error
+	if l.Token != "" && (l.Queued || l.Handed != nil) {
+		_, err = p.b.releaseWith(ctx, p.lk, l.Token, p.rec, p.id)
+	}
+	if l.Handed != nil && l.Handed.Token != l.Token {
+		_, herr := p.b.releaseWith(ctx, p.lk, l.Handed.Token, "", "")
+		err = errors.Join(err, herr)
+	}
+	return err
+}
+
+// Stop implements waitq.Store: the place's subscription ends.
+func (p *place) Stop(took bool, _ *backend.Handover) {
+	p.mu.Lock()
+	p.closed = true
+	w := p.w
+	p.mu.Unlock()
+	if w != nil {
+		w.Close(took)
+	}
 }
 
 // subscribe joins the key's channel as the place's watch.
@@ -424,113 +414,6 @@ func (p *place) subscribe(ctx context.Context, ch string) error {
 	}
 	return nil
 }
-
-// wake wakes the place's caller.
-func (p *place) wake() {
-	p.mu.Lock()
-	w := p.w
-	p.mu.Unlock()
-	if w != nil {
-		p.b.notify.wake(w)
-		return
-	}
-	select {
-	case p.ch <- struct{}{}:
-	default:
-	}
-}
-
-// scheduleRefreshLocked refreshes the record a third of its TTL after its
-// latest write. p.mu must be held.
-func (p *place) scheduleRefreshLocked() {
-	if p.closed || p.timer != nil || !p.queued {
-		return
-	}
-	ttl := p.ttl
-	p.timer = time.AfterFunc(max(ttl/3-time.Since(p.refreshed), 0), func() {
-		p.mu.Lock()
-		p.timer = nil
-		if p.closed || !p.queued {
-			p.mu.Unlock()
-			return
-		}
-		p.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), ttl/3)
-		defer cancel()
-		sent := time.Now()
-		out, err := p.b.batch.run(ctx, refreshScript, []string{p.rec, queueKeyOf(p.lk), p.lk}, ms(ttl), p.id).Int64Slice()
-		if err == nil && len(out) != 2 {
-			err = fmt.Errorf("unexpected script reply %v", out)
-		}
-		p.mu.Lock()
-		switch {
-		case err != nil:
-			// Unknown: the earlier write still bounds the expiry.
-		case out[0] == 1:
-			if sent.After(p.refreshed) {
-				p.refreshed = sent
-			}
-			if out[1] != -3 && p.handed == nil {
-				// First in the queue: try when the lock expires
-				// (a holder that dies hands nothing over), or now
-				// when it is free.
-				if p.expiry != nil {
-					p.expiry.Stop()
-				}
-				p.expiry = time.AfterFunc(time.Duration(max(out[1], 0))*time.Millisecond+time.Millisecond, p.wake)
-			}
-		case p.handed == nil:
-			// The record expired: the place is lost; the next
-			// attempt queues again, at the back.
-			p.queued = false
-			p.mu.Unlock()
-			p.wake()
-			return
-		}
-		p.scheduleRefreshLocked()
-		p.mu.Unlock()
-	})
-}
-
-// stopRefreshLocked stops the record's refresh. p.mu must be held.
-func (p *place) stopRefreshLocked() {
-	if p.timer != nil {
-		p.timer.Stop()
-		p.timer = nil
-	}
-	if p.expiry != nil {
-		p.expiry.Stop()
-		p.expiry = nil
-	}
-}
-
-// Close implements backend.Queue. A place that leaves without the lock
-// runs the release script for its record's token: its record and queue
-// entry go, and a lock handed to it is released to the next waiter.
-func (p *place) Close(took bool) error {
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
-		return nil
-	}
-	p.closed = true
-	p.stopRefreshLocked()
-	w, cur, queued, handed := p.w, p.cur, p.queued, p.handed
-	p.mu.Unlock()
-	if w != nil {
-		w.Close(took)
-	}
-	if took || (!queued && handed == nil) || cur == "" {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
-	defer cancel()
-	_, err := p.b.releaseWith(ctx, p.lk, cur, p.rec, p.id)
-	return err
-}
-
-// cleanupTimeout bounds the release a place sends when it leaves.
-const cleanupTimeout = 3 * time.Second
 
 // releaseWith runs the single deployment's release script for token, and
 // for the place id with record rec when id is not "". It returns the

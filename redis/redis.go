@@ -229,6 +229,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/backend/waitq"
 )
 
 // Client is the narrowest go-redis interface the backend needs. Every go-redis
@@ -325,6 +326,7 @@ type Backend struct {
 	batch  *batcher
 	opts   options
 	notify *notifier
+	queues *waitq.Group
 	closed atomic.Bool
 }
 
@@ -348,7 +350,7 @@ func New(rdb Client, opts ...Option) *Backend {
 	}
 	var id [8]byte
 	crand.Read(id[:])
-	return &Backend{id: hex.EncodeToString(id[:]), rdb: rdb, batch: newBatcher(rdb, o.ownClients), opts: o, notify: newNotifier(o.ownClients, rdb)}
+	return &Backend{id: hex.EncodeToString(id[:]), rdb: rdb, batch: newBatcher(rdb, o.ownClients), opts: o, notify: newNotifier(o.ownClients, rdb), queues: waitq.NewGroup()}
 }
 
 // keys returns the Redis keys of a lock: the lock key "PREFIX{TAG}" and its
@@ -817,6 +819,7 @@ func (b *Backend) Close() error {
 	if !b.closed.CompareAndSwap(false, true) {
 		return nil
 	}
+	b.queues.Close()
 	b.notify.close()
 	if b.opts.ownClients {
 		if c, ok := b.rdb.(interface{ Close() error }); ok {
