@@ -185,6 +185,7 @@ import (
 	"github.com/hashicorp/consul/api"
 
 	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/backend/waitq"
 )
 
 // DefaultPrefix is prepended to every key the backend writes.
@@ -284,10 +285,11 @@ type Backend struct {
 	// each is a blocking query, and so an HTTP connection of its own.
 	lossWatches chan struct{}
 
-	closed atomic.Bool
-	bg     sync.WaitGroup // background destroys and watches
-	ctx    context.Context
-	cancel context.CancelFunc
+	closed  atomic.Bool
+	waiters *waitq.Group   // the places of queues, and their leaves
+	bg      sync.WaitGroup // background destroys and watches
+	ctx     context.Context
+	cancel  context.CancelFunc
 }
 
 // owned is what the backend knows of a token's attempt.
@@ -337,6 +339,7 @@ func New(cli *api.Client, opts ...Option) (*Backend, error) {
 		dead:        map[string]tomb{},
 		delays:      map[string]time.Time{},
 		hot:         map[string]time.Time{},
+		waiters:     waitq.NewGroup(),
 		ctx:         ctx,
 		cancel:      cancel,
 	}, nil
@@ -844,6 +847,7 @@ func (b *Backend) Close() error {
 	if !b.closed.CompareAndSwap(false, true) {
 		return nil
 	}
+	b.waiters.Close()
 	b.cancel()
 	for _, id := range b.pool.drain() {
 		b.destroy(id)

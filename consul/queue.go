@@ -16,67 +16,54 @@ import (
 	"github.com/hashicorp/consul/api"
 
 	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/backend/waitq"
 )
 
-// The waiters' queue and the handover (backend.Queuer).
+// The waiters' queue and the handover (backend.Queuer). The state machine
+// of a waiter's place, and why it keeps the promise, are package waitq's;
+// this file gives it its primitives.
 //
-// A waiter's place in a key's queue is a record, the entry
-// PREFIX+KEY/q/ID, locked by the waiter's session: the session its lock
-// will be on. Its value is "q:" and the token of the waiter's latest
-// refused acquire; its CreateIndex orders the queue. Consul transactions
-// have no else branch, so a refused lock and the enqueue are two requests;
-// a waiter that finds the key held again soon after (sawHeld) enqueues
-// first, and the same transaction reads the lock entry, so that a lock
-// freed meanwhile is tried at once.
+// The record. A waiter's place is the entry PREFIX+KEY/q/ID, locked by the
+// waiter's session, the session its lock will be on: the session is the
+// record's carrier (Refresh renews it; a session that expires or is
+// destroyed deletes the record, behavior delete). Its value is "q:" and
+// the token of the waiter's latest refused acquire; its CreateIndex orders
+// the queue.
 //
-// A release hands the lock to the head of the queue in one transaction:
-// it unlocks the entry (which fails unless the releasing session holds
-// it), locks it for the head's session with the head's token, checks that
-// the head's record is unchanged since it was read (check-index), and
-// locks the record again with the value "h:" and, for the new holder, the
-// waiters queued after it (so that its own release can hand over in one
-// transaction too). The head's blocking query on its record returns with
-// that value: it holds the lock, with no request of its own. A releaser
-// that knows no waiter deletes the entry and reads the queue in the same
-// transaction, then hands the free lock to the head in a second one. Why
-// that keeps the promise:
+// What the primitives guarantee:
 //
-//   - Exclusion. The handover checks and replaces the holder's session in
-//     one Raft write; every other acquire finds the entry locked.
-//   - The waiter's deadline. The lock is on the waiter's session, which
-//     the store keeps at least its TTL after each creation or renewal it
-//     received; the waiter counts its deadline from the send time of the
-//     latest one the store confirmed (Handover.Since), never from the
-//     handover, which it did not send. The place renews its session every
-//     third of the TTL while it waits.
-//   - Vanished records. A session that expired or was destroyed deletes
-//     the record it locked (behavior delete), and a lock request with it
-//     fails: the check-index on the record and the lock with the session
-//     both refuse the handover, and nothing is written. A waiter is never
-//     handed the lock from a record that vanished; its next attempt
-//     queues again with a new session.
+//   - Atomicity. Consul transactions have no else branch, so Attempt is a
+//     lock transaction and an enqueue transaction: a waiter that finds the
+//     key held again soon after (sawHeld) enqueues first, and the same
+//     transaction reads the lock entry, so that a lock freed meanwhile is
+//     tried at once. The lock transaction deletes the waiter's record.
+//   - The handover's guard. A release hands the lock to the head of the
+//     queue in one transaction: it unlocks the entry (which fails unless
+//     the releasing session holds it), locks it for the head's session
+//     with the head's token, checks that the head's record is unchanged
+//     since it was read (check-index), and locks the record again with the
+//     value "h:" and, for the new holder, the waiters queued after it (so
+//     that its own release can hand over in one transaction too). A record
+//     whose session is gone refuses it twice: the check-index and the lock
+//     with the session. The head's blocking query on its record returns
+//     with that value, and reports the handover. A releaser that knows no
+//     waiter deletes the entry and reads the queue in the same
+//     transaction, then hands the free lock to the head in a second one;
+//     stale views of the waiters are refused by the check-index.
 //   - Fences. Consul gives every entry a transaction writes the same
 //     ModifyIndex, the transaction's Raft index: the record's ModifyIndex,
 //     which the head reads, is the lock entry's, above every index before.
-//   - A waiter that gives up deletes its record when the record is as it
-//     last wrote it (nothing was handed to it, and no handover can follow:
-//     each checks the record's index), or else the entry if its session
-//     holds it (a lock handed to it) and its record, in one transaction
-//     that checks the session; failing both, it destroys its session,
-//     which deletes its record and makes a later handover fail on the
-//     session. Only a handover that lands between those requests frees
-//     the lock under Consul's lock-delay, which the next waiter sleeps out.
-//     Its Acquire returns once that is done (or after leaveWait, when the
-//     store does not answer). A waiter whose process dies leaves its
-//     record and any lock handed to it to its session's expiry: between
-//     one and two TTLs after its last renewal.
-//   - Stale views. The waiters a new holder is told of may have left or
-//     queued again since: the check-index refuses them, and the release
-//     falls back to delete, read and hand over.
+//   - Leave deletes the record when it is as the place last wrote it
+//     (nothing was handed to it, and no handover can follow), or else the
+//     entry if its session holds it and the record, in one transaction
+//     that checks the session; failing both, it destroys the session,
+//     which deletes the record and makes a later handover fail. Only a
+//     handover that lands between those requests frees the lock under
+//     Consul's lock-delay, which the next waiter sleeps out (RetryIn).
 //
 // A holder that expires is not a release: the head learns of it from its
-// timer (package lock retries a queued waiter at least every TTL), not at
-// once.
+// blocking query on the lock entry (watchEntry), or from package lock's
+// timer.
 
 // queueSep separates a lock entry's name from its queue records' names.
 // Entry names never hold a slash after the prefix (keys are path-escaped),
@@ -219,7 +206,9 @@ func (b *Backend) Queue(key string) (backend.Queue, error) {
 		return nil, backend.ErrClosed
 	}
 	name := b.entry(key)
-	return &place{b: b, key: key, name: name, rec: b.recordName(name), ch: make(chan struct{}, 1)}, nil
+	p := &place{b: b, key: key, name: name, rec: b.recordName(name)}
+	p.q = b.waiters.New(p)
+	return p.q, nil
 }
 
 // recordName returns a new name for a queue record of entry name.
@@ -229,80 +218,63 @@ func (b *Backend) recordName(name string) string {
 	return name + queueSep + hex.EncodeToString(id[:])
 }
 
-// place is one waiter's place in a key's queue.
+// place is the store side of one waiter's place in a key's queue
+// (waitq.Store): its session, the session its lock will be on, and its
+// record.
 type place struct {
 	b    *Backend
+	q    *waitq.Place
 	key  string
 	name string // the lock entry
-	rec  string // the record
-	ch   chan struct{}
 
 	mu       sync.Mutex
+	rec      string // the record
 	sess     string // the place's session; "" when none (or a lease took it)
-	ttl      time.Duration
-	renewed  time.Time // send time of the latest confirmed creation or renewal of sess
-	queued   bool      // the record may exist
-	recIndex uint64    // the record's ModifyIndex as the place last wrote it; 0 when unknown
-	watching bool      // a blocking query on the record runs
-	heading  bool      // a blocking query on the lock entry runs (see watchEntry)
+	recIndex uint64 // the record's ModifyIndex as the place last wrote it; 0 when unknown
+	handed   string // the token of a handover the queue took note of
+	watching bool   // a blocking query on the record runs
+	heading  bool   // a blocking query on the lock entry runs (see watchEntry)
 	ctx      context.Context
 	cancel   context.CancelFunc
-	handed   *backend.Handover
 	closed   bool
-	renew    *time.Timer
 }
 
-func (p *place) C() <-chan struct{} { return p.ch }
-
-func (p *place) wake() {
-	select {
-	case p.ch <- struct{}{}:
-	default:
-	}
-}
-
-// Handed implements backend.Queue.
-func (p *place) Handed() (backend.Handover, bool) {
+// Stop implements waitq.Store. A blocking query on the lock entry ends
+// when the entry changes; one that waits for a holder this waiter left
+// behind is cancelled (which closes its connection). A waiter that took
+// the lock handed to it leaves its session to the lease.
+func (p *place) Stop(took bool, _ *backend.Handover) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.handed == nil {
-		return backend.Handover{}, false
-	}
-	return *p.handed, true
-}
-
-// Close implements backend.Queue. A place that leaves without the lock
-// destroys its session when it may hold a record or a lock handed to it:
-// both go with it. A session that holds neither goes back to the pool.
-func (p *place) Close(took bool) error {
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
-		return nil
-	}
 	p.closed = true
-	if p.renew != nil {
-		p.renew.Stop()
-	}
-	sess, ttl, renewed, queued, handed, rec, recIndex := p.sess, p.ttl, p.renewed, p.queued, p.handed, p.rec, p.recIndex
-	p.sess = ""
 	if !took && p.cancel != nil {
-		// A blocking query on the lock entry ends when the entry
-		// changes; one that waits for a holder this waiter left behind
-		// is cancelled (which closes its connection).
 		p.cancel()
 	}
+	if took {
+		p.sess = "" // the lease has it (the grant's, or the handover's)
+	}
+}
+
+// Leave implements waitq.Store. A place that leaves without the lock
+// frees what it may hold in the store (see leave); a session that holds
+// neither a record nor a lock goes back to the pool.
+func (p *place) Leave(ctx context.Context, l waitq.Leaving) error {
+	p.mu.Lock()
+	sess, rec, recIndex, handed := p.sess, p.rec, p.recIndex, p.handed
+	p.sess = ""
 	p.mu.Unlock()
+	ttl, renewed := p.q.TTL(), p.q.Refreshed()
+	if l.Handed != nil {
+		handed = l.Handed.Token
+	}
 	switch {
 	case sess == "":
-	case took && handed != nil:
-		// The lease has the session.
-	case handed != nil || queued:
-		if handed != nil {
-			p.b.kill(handed.Token, false)
+	case handed != "" || l.Queued:
+		if handed != "" {
+			p.b.kill(handed, false)
 			recIndex = 0 // the handover rewrote the record
 		}
-		p.b.leave(p.name, rec, sess, recIndex, ttl, renewed)
+		p.b.leave(ctx, p.name, rec, sess, recIndex, ttl, renewed)
 	default:
 		p.b.keep(sess, ttl, renewed)
 	}
@@ -324,162 +296,151 @@ func (p *place) Close(took bool) error {
 //     hold the entry, or an answer was lost), the session is destroyed,
 //     which deletes the record and frees a lock handed to it meanwhile
 //     under the lock-delay.
-//
-// Close waits for it up to leaveWait, so that a waiter that gave up has
-// left nothing behind when its Acquire returns; a store that does not
-// answer by then gets the rest in the background.
-func (b *Backend) leave(name, rec, sess string, recIndex uint64, ttl time.Duration, renewed time.Time) {
-	done := make(chan struct{})
-	b.bg.Go(func() {
-		defer close(done)
-		ctx, cancel := context.WithTimeout(b.ctx, handoverTimeout)
-		defer cancel()
-		opts := (&api.QueryOptions{}).WithContext(ctx)
-		if recIndex != 0 {
-			ok, _, _, err := b.cli.Txn().Txn(api.TxnOps{
-				{KV: &api.KVTxnOp{Verb: api.KVCheckIndex, Key: rec, Index: recIndex}},
-				{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: rec}},
-			}, opts)
-			if err == nil && ok {
-				b.keep(sess, ttl, renewed)
-				return
-			}
-		}
+func (b *Backend) leave(ctx context.Context, name, rec, sess string, recIndex uint64, ttl time.Duration, renewed time.Time) {
+	opts := (&api.QueryOptions{}).WithContext(ctx)
+	if recIndex != 0 {
 		ok, _, _, err := b.cli.Txn().Txn(api.TxnOps{
-			{KV: &api.KVTxnOp{Verb: api.KVCheckSession, Key: name, Session: sess}},
-			{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: name}},
+			{KV: &api.KVTxnOp{Verb: api.KVCheckIndex, Key: rec, Index: recIndex}},
 			{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: rec}},
 		}, opts)
 		if err == nil && ok {
 			b.keep(sess, ttl, renewed)
 			return
 		}
-		if _, err := b.cli.Session().Destroy(sess, (&api.WriteOptions{}).WithContext(ctx)); err != nil {
-			b.destroy(sess) // tried again, in the background
-		}
-	})
-	t := time.NewTimer(leaveWait)
-	defer t.Stop()
-	select {
-	case <-done:
-	case <-t.C:
+	}
+	ok, _, _, err := b.cli.Txn().Txn(api.TxnOps{
+		{KV: &api.KVTxnOp{Verb: api.KVCheckSession, Key: name, Session: sess}},
+		{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: name}},
+		{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: rec}},
+	}, opts)
+	if err == nil && ok {
+		b.keep(sess, ttl, renewed)
+		return
+	}
+	if _, err := b.cli.Session().Destroy(sess, (&api.WriteOptions{}).WithContext(ctx)); err != nil {
+		b.destroy(sess) // tried again, in the background
 	}
 }
 
-// leaveWait bounds how long a waiter that gives up waits for its leave.
-const leaveWait = 500 * time.Millisecond
+// attempt is what one Attempt learned so far.
+type attempt struct {
+	waitq.Attempt
+	sess  string
+	fresh bool // the session was created after the attempt's send time
+	res   waitq.Result
+}
 
-// Acquire implements backend.Queue.
-func (p *place) Acquire(ctx context.Context, token string, ttl time.Duration) (backend.Grant, error) {
-	if err := p.b.check(ttl); err != nil {
-		return backend.Grant{}, err
+// renewedAt notes a confirmed renewal of the attempt's session sent at
+// sent.
+func (a *attempt) renewedAt(sent time.Time) {
+	if sent.After(a.res.Refreshed) {
+		a.res.Refreshed = sent
 	}
-	// A try that found its session gone changed nothing. The next one
-	// creates a session of its own instead of taking another from the
-	// pool, which may have expired as well; should even that one be gone
-	// at once, the acquire fails. It never returns a zero grant.
-	for attempt := 0; ; attempt++ {
-		g, retry, err := p.try(ctx, token, ttl, attempt > 0)
-		switch {
-		case !retry:
-			return g, err
-		case attempt > 0:
-			return backend.Grant{}, fmt.Errorf("consul: acquire %q: the session created for the attempt was gone at once (destroyed from outside?); nothing was changed", p.key)
-		}
+	if sent.After(a.Refreshed) {
+		a.Refreshed = sent
 	}
 }
 
-// try is one try of Acquire; retry is true when the place's session was
-// gone, and nothing changed. With create, a place without a session
-// creates one instead of taking one from the pool.
-func (p *place) try(ctx context.Context, token string, ttl time.Duration, create bool) (g backend.Grant, retry bool, err error) {
+// Attempt implements waitq.Store. The session is the record's carrier. A
+// try that found its session gone changed nothing (waitq.ErrGone); the
+// queue's next one (a.Fresh) creates a session of its own instead of
+// taking another from the pool, which may have expired as well.
+func (p *place) Attempt(ctx context.Context, wa waitq.Attempt) (waitq.Result, error) {
 	b := p.b
+	if err := b.check(wa.TTL); err != nil {
+		return waitq.Result{}, err
+	}
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
-		return backend.Grant{}, false, backend.ErrClosed
+		return waitq.Result{}, backend.ErrClosed
 	}
-	if p.sess != "" && p.ttl != ttl {
-		p.mu.Unlock()
-		return backend.Grant{}, false, fmt.Errorf("%w: consul: acquire %q for %v in a queue entered with a TTL of %v", backend.ErrInvalid, p.key, ttl, p.ttl)
-	}
-	sess, renewed, queued, handed := p.sess, p.renewed, p.queued, p.handed
+	a := &attempt{Attempt: wa, sess: p.sess}
+	p.handed = "" // the caller did not take it: this attempt takes it over
 	p.mu.Unlock()
+	a.res.Queued = a.Queued
+	ttl := a.TTL
 	sent := time.Now()
-	fresh := false // the session was created after sent
-	if sess == "" {
+	if a.sess == "" {
 		var e pooled
 		ok := false
-		if !create {
+		if !a.Fresh {
 			e, ok = b.pool.get(ttl)
 		}
 		if ok {
-			sess, renewed = e.id, e.renewed
+			a.sess, a.Refreshed = e.id, e.renewed
 		} else {
-			sess, err = b.createSession(ctx, p.key, ttl)
+			sess, err := b.createSession(ctx, p.key, ttl)
 			if err != nil {
-				return backend.Grant{}, false, err
+				return a.res, err
 			}
-			renewed, fresh = sent, true
+			a.sess, a.Refreshed, a.fresh = sess, sent, true
 		}
+		a.res.Refreshed = a.Refreshed
 		p.mu.Lock()
-		p.sess, p.ttl, p.renewed = sess, ttl, renewed
+		p.sess = a.sess
 		p.mu.Unlock()
 	}
 	enqueued := false
-	if !queued && handed == nil && b.isHot(p.name) {
+	if !a.Queued && a.Handed == nil && b.isHot(p.name) {
 		// The key was held or queued a moment ago: enqueue first, and
 		// try the lock only if it is free.
-		free, retry, err := p.enqueue(ctx, token, sess, renewed)
-		if retry || err != nil {
-			return backend.Grant{}, retry, err
+		free, err := p.enqueue(ctx, a)
+		if err != nil {
+			return a.res, err
 		}
 		if !free {
-			return backend.Grant{}, false, backend.Locked(0)
+			return a.res, backend.Locked(0)
 		}
 		enqueued = true
 	}
 	for {
-		g, refusal, retry, err := p.lock(ctx, token, sess, fresh)
-		if refusal == "" || retry {
-			if err == nil && !retry && handed != nil {
-				b.kill(handed.Token, false) // taken over by token
+		g, refusal, err := p.lock(ctx, a)
+		if refusal == "" || err != nil {
+			if err == nil && a.Handed != nil {
+				b.kill(a.Handed.Token, false) // taken over by token
 			}
-			return g, retry, err
+			a.res.Grant = g
+			return a.res, err
 		}
 		if strings.Contains(refusal, "lock delay") {
 			// Nobody can hand the lock over during a lock-delay: wake
-			// the waiter when it ends.
+			// the waiter when it ends. The place is as it was.
 			left := b.lockDelayLeft(p.name)
-			time.AfterFunc(left, p.wake)
-			return backend.Grant{}, false, backend.Locked(left)
+			a.res.RetryIn = left
+			if !enqueued {
+				a.res.Queued = false
+			}
+			return a.res, backend.Locked(left)
 		}
 		b.sawHeld(p.name)
 		if enqueued {
-			return backend.Grant{}, false, backend.Locked(0) // queued, and the lock was taken again
+			return a.res, backend.Locked(0) // queued, and the lock was taken again
 		}
-		free, retry, err := p.enqueue(ctx, token, sess, renewed)
-		if retry || err != nil {
-			return backend.Grant{}, retry, err
+		free, err := p.enqueue(ctx, a)
+		if err != nil {
+			return a.res, err
 		}
 		if !free {
-			return backend.Grant{}, false, backend.Locked(0)
+			return a.res, backend.Locked(0)
 		}
 		enqueued = true
 	}
 }
 
-// lock tries to lock the entry with the place's session: a grant, or the
-// reason of a refusal ("" when none), or retry when the session is gone.
-// Unless the session was created after the caller's send time (fresh), or
-// renewed lately enough to carry the lock as it is (asIs), it is renewed
-// in the same round trip, so that the store keeps a lock it grants at
-// least the TTL from that send time. The transaction deletes the
-// place's record, should it have one: the lock is the record's end.
-func (p *place) lock(ctx context.Context, token, sess string, fresh bool) (g backend.Grant, refusal string, retry bool, err error) {
+// lock tries to lock the entry with the attempt's session: a grant, or
+// the reason of a refusal ("" when none), or waitq.ErrGone when the
+// session is gone. Unless the session was created after the attempt's
+// send time (fresh), or renewed lately enough to carry the lock as it is
+// (asIs), it is renewed in the same round trip, so that the store keeps a
+// lock it grants at least the TTL from that send time. The transaction
+// deletes the place's record, should it have one: the lock is the
+// record's end.
+func (p *place) lock(ctx context.Context, a *attempt) (g backend.Grant, refusal string, err error) {
 	b := p.b
+	ttl, token, sess := a.TTL, a.Token, a.sess
 	p.mu.Lock()
-	ttl, hasRec, rec := p.ttl, p.queued || p.handed != nil, p.rec
+	hasRec, rec := a.res.Queued || a.Handed != nil || p.handed != "", p.rec
 	p.mu.Unlock()
 	b.mu.Lock()
 	b.owned[token] = &owned{key: p.name, session: sess, ttl: ttl}
@@ -491,19 +452,17 @@ func (p *place) lock(ctx context.Context, token, sess string, fresh bool) (g bac
 	if hasRec {
 		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: rec}})
 	}
-	p.mu.Lock()
-	renewed := p.renewed
-	p.mu.Unlock()
+	renewed := a.Refreshed
 	var renewErr error
 	var wg sync.WaitGroup
-	renew := !fresh && !asIs(ttl, time.Now(), renewed)
+	renew := !a.fresh && !asIs(ttl, time.Now(), renewed)
 	if renew {
 		wg.Go(func() { renewed, renewErr = b.renewAfter(ctx, sess) })
 	}
 	ok, resp, _, err := b.cli.Txn().Txn(ops, (&api.QueryOptions{}).WithContext(ctx))
 	wg.Wait()
 	if renew && renewErr == nil {
-		p.renewedAt(renewed)
+		a.renewedAt(renewed)
 	}
 	switch {
 	case err != nil:
@@ -512,16 +471,19 @@ func (p *place) lock(ctx context.Context, token, sess string, fresh bool) (g bac
 		// owns the session now (it destroys it, or pools it after a
 		// release that freed the lock); the place forgets it.
 		p.forget()
-		return backend.Grant{}, "", false, fmt.Errorf("consul: acquire %q: %w", p.key, err)
+		a.res.Queued = false
+		return backend.Grant{}, "", fmt.Errorf("consul: acquire %q: %w", p.key, err)
 	case ok && renewErr != nil:
 		p.forget()
+		a.res.Queued = false
 		b.destroyLater(token)
-		return backend.Grant{}, "", false, fmt.Errorf("consul: acquire %q: renewing the session: %w", p.key, renewErr)
+		return backend.Grant{}, "", fmt.Errorf("consul: acquire %q: renewing the session: %w", p.key, renewErr)
 	case ok:
 		if len(resp.Results) < 2 || resp.Results[1].KV == nil {
 			p.forget()
+			a.res.Queued = false
 			b.destroyLater(token)
-			return backend.Grant{}, "", false, fmt.Errorf("consul: acquire %q: the transaction returned no entry", p.key)
+			return backend.Grant{}, "", fmt.Errorf("consul: acquire %q: the transaction returned no entry", p.key)
 		}
 		fence := resp.Results[1].KV.ModifyIndex
 		b.mu.Lock()
@@ -531,37 +493,33 @@ func (p *place) lock(ctx context.Context, token, sess string, fresh bool) (g bac
 		b.mu.Unlock()
 		// The lease has the session now, and the record is gone.
 		p.mu.Lock()
-		if p.handed != nil {
-			b.kill(p.handed.Token, false) // handed meanwhile, and taken over by token
+		if p.handed != "" {
+			b.kill(p.handed, false) // handed meanwhile, and taken over by token
 		}
-		p.sess, p.queued, p.handed = "", false, nil
-		p.recIndex = 0
-		if p.renew != nil {
-			p.renew.Stop()
-		}
+		p.sess, p.handed, p.recIndex = "", "", 0
 		p.mu.Unlock()
-		return backend.Grant{Fence: fence, TTL: ttl}, "", false, nil
+		return backend.Grant{Fence: fence, TTL: ttl}, "", nil
 	}
 	b.mu.Lock()
 	delete(b.owned, token)
 	b.mu.Unlock()
 	why := txnErrors(resp)
 	if strings.Contains(why, "invalid session") || errors.Is(renewErr, errSessionGone) {
-		p.sessionGone(sess)
-		return backend.Grant{}, why, true, nil
+		return backend.Grant{}, why, p.sessionGone(sess)
 	}
-	return backend.Grant{}, why, false, nil
+	return backend.Grant{}, why, nil
 }
 
-// enqueue puts (or keeps) the place in the queue with token, and reports
-// whether the lock entry was free then; retry is true when the session is
-// gone. The session is renewed beside it when its latest renewal is older
-// than a third of the TTL, so that a handover leaves the waiter most of
-// the TTL.
-func (p *place) enqueue(ctx context.Context, token, sess string, renewed time.Time) (free, retry bool, err error) {
+// enqueue puts (or keeps) the place in the queue with the attempt's token,
+// and reports whether the lock entry was free then; waitq.ErrGone when
+// the session is gone. The session is renewed beside it when its latest
+// renewal is older than a third of the TTL, so that a handover leaves the
+// waiter most of the TTL.
+func (p *place) enqueue(ctx context.Context, a *attempt) (free bool, err error) {
 	b := p.b
+	ttl, token, sess := a.TTL, a.Token, a.sess
 	p.mu.Lock()
-	ttl, rec := p.ttl, p.rec
+	rec := p.rec
 	p.mu.Unlock()
 	ops := api.TxnOps{
 		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: rec, Value: []byte(recQueued + token), Session: sess}},
@@ -570,39 +528,39 @@ func (p *place) enqueue(ctx context.Context, token, sess string, renewed time.Ti
 	var rsent time.Time
 	var renewErr error
 	var wg sync.WaitGroup
-	if time.Since(renewed) > ttl/3 {
+	if time.Since(a.Refreshed) > ttl/3 {
 		wg.Go(func() { rsent, renewErr = b.renewAfter(ctx, sess) })
 	}
 	ok, resp, _, err := b.cli.Txn().Txn(ops, (&api.QueryOptions{}).WithContext(ctx))
 	wg.Wait()
 	if !rsent.IsZero() && renewErr == nil {
-		p.renewedAt(rsent)
+		a.renewedAt(rsent)
 	}
 	switch {
 	case err != nil:
 		// The record may exist: it goes with the session when the
-		// place closes.
+		// place leaves.
 		p.mu.Lock()
-		p.queued, p.recIndex = true, 0
+		p.recIndex = 0
 		p.mu.Unlock()
-		return false, false, fmt.Errorf("consul: acquire %q: queueing: %w", p.key, err)
+		a.res.Queued = true
+		return false, fmt.Errorf("consul: acquire %q: queueing: %w", p.key, err)
 	case !ok:
 		why := txnErrors(resp)
 		switch {
 		case strings.Contains(why, "invalid session"):
-			p.sessionGone(sess)
-			return false, true, nil
+			return false, p.sessionGone(sess)
 		case strings.Contains(why, "lock delay"):
 			// The record's name is under the lock-delay of a session
-			// that held it: take another.
+			// that held it: take another, and try once more.
 			p.mu.Lock()
 			if p.rec == rec {
 				p.rec = b.recordName(p.name)
 			}
 			p.mu.Unlock()
-			return false, true, nil
+			return false, fmt.Errorf("%w: the record's name was under a lock-delay", waitq.ErrGone)
 		}
-		return false, false, fmt.Errorf("consul: acquire %q: queueing: %s", p.key, why)
+		return false, fmt.Errorf("consul: acquire %q: queueing: %s", p.key, why)
 	}
 	var index, entryIndex uint64
 	free = true
@@ -617,8 +575,8 @@ func (p *place) enqueue(ctx context.Context, token, sess string, renewed time.Ti
 	}
 	ws := waiters(p.name, resp)
 	first := len(ws) > 0 && ws[0].Key == rec
+	a.res.Queued = true
 	p.mu.Lock()
-	p.queued = true
 	if p.rec == rec {
 		p.recIndex = index
 	}
@@ -630,7 +588,6 @@ func (p *place) enqueue(ctx context.Context, token, sess string, renewed time.Ti
 	if head {
 		p.heading = true
 	}
-	p.scheduleRenewLocked()
 	p.mu.Unlock()
 	if start {
 		b.bg.Go(func() { p.watch(sess, rec, index) })
@@ -638,7 +595,7 @@ func (p *place) enqueue(ctx context.Context, token, sess string, renewed time.Ti
 	if head {
 		b.bg.Go(func() { p.watchEntry(sess, entryIndex) })
 	}
-	return free, false, nil
+	return free, nil
 }
 
 // watchEntry follows the lock entry with blocking queries from index, for
@@ -691,10 +648,10 @@ func (p *place) watchEntry(sess string, index uint64) {
 			b.sawFree(p.name)
 			time.AfterFunc(handoverGrace, func() {
 				p.mu.Lock()
-				handed := p.handed != nil
+				handed := p.handed != ""
 				p.mu.Unlock()
 				if !handed {
-					p.wake()
+					p.q.Wake()
 				}
 			})
 		}
@@ -737,11 +694,9 @@ func (p *place) watch(sess, rec string, index uint64) {
 			// the watch above): the session expired or was destroyed.
 			// Queue again with a new session, under a new name (the
 			// old one is under the session's lock-delay).
-			p.sess, p.queued = "", false
-			p.recIndex = 0
-			p.rec = b.recordName(p.name)
+			p.goneLocked()
 			p.mu.Unlock()
-			p.wake()
+			p.q.Lost()
 			return
 		case strings.HasPrefix(string(kv.Value), recHanded):
 			var v handedValue
@@ -749,13 +704,20 @@ func (p *place) watch(sess, rec string, index uint64) {
 				p.mu.Unlock()
 				continue
 			}
-			h := &backend.Handover{Token: v.Token, Grant: backend.Grant{Fence: kv.ModifyIndex, TTL: p.ttl}, Since: p.renewed}
-			p.handed = h
-			b.mu.Lock()
-			b.owned[v.Token] = &owned{key: p.name, session: sess, ttl: p.ttl, fence: kv.ModifyIndex, renewed: p.renewed, rec: rec, next: v.Next}
-			b.mu.Unlock()
 			p.mu.Unlock()
-			p.wake()
+			ttl := p.q.TTL()
+			if !p.q.Handoff(v.Token, backend.Grant{Fence: kv.ModifyIndex, TTL: ttl}) {
+				return
+			}
+			// Since is the place's latest confirmed renewal (zero until
+			// the attempt that queued returns: a pooled session is then
+			// renewed before it carries a lock again).
+			b.mu.Lock()
+			b.owned[v.Token] = &owned{key: p.name, session: sess, ttl: ttl, fence: kv.ModifyIndex, renewed: p.q.Refreshed(), rec: rec, next: v.Next}
+			b.mu.Unlock()
+			p.mu.Lock()
+			p.handed = v.Token
+			p.mu.Unlock()
 			return
 		}
 		p.mu.Unlock()
@@ -771,61 +733,38 @@ func (p *place) entryCtx() context.Context {
 	return p.ctx
 }
 
-// scheduleRenewLocked renews the place's session a third of the TTL after
-// its latest renewal while the place waits. p.mu must be held.
-func (p *place) scheduleRenewLocked() {
-	if p.closed || p.renew != nil || p.sess == "" {
-		return
-	}
-	ttl := p.ttl
-	p.renew = time.AfterFunc(max(ttl/3-time.Since(p.renewed), 0), func() {
-		p.mu.Lock()
-		p.renew = nil
-		sess, closed := p.sess, p.closed
-		p.mu.Unlock()
-		if closed || sess == "" {
-			return
-		}
-		ctx, cancel := context.WithTimeout(p.b.ctx, ttl/3)
-		defer cancel()
-		sent, err := p.b.renewAfter(ctx, sess)
-		switch {
-		case err == nil:
-			p.renewedAt(sent)
-		case errors.Is(err, errSessionGone):
-			p.sessionGone(sess)
-			p.wake()
-			return
-		}
-		p.mu.Lock()
-		if p.sess == sess {
-			p.scheduleRenewLocked()
-		}
-		p.mu.Unlock()
-	})
-}
-
-// renewedAt notes a confirmed renewal of the place's session sent at sent.
-func (p *place) renewedAt(sent time.Time) {
+// Refresh implements waitq.Store: a renewal of the place's session.
+func (p *place) Refresh(ctx context.Context, _ time.Duration) (waitq.Refreshed, error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if sent.After(p.renewed) {
-		p.renewed = sent
+	sess := p.sess
+	p.mu.Unlock()
+	if sess == "" {
+		return waitq.Refreshed{}, fmt.Errorf("%w: the place has no session", waitq.ErrGone)
 	}
+	_, err := p.b.renewAfter(ctx, sess)
+	if errors.Is(err, errSessionGone) {
+		return waitq.Refreshed{}, p.sessionGone(sess)
+	}
+	return waitq.Refreshed{}, err
 }
 
 // sessionGone forgets the place's session sess, which Consul no longer
-// knows: its record went with it.
-func (p *place) sessionGone(sess string) {
+// knows: its record went with it (waitq.ErrGone).
+func (p *place) sessionGone(sess string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.sess == sess {
-		p.sess, p.queued, p.handed = "", false, nil
-		p.recIndex = 0
-		// The old record's name is under the lock-delay of the session
-		// that held it: queue again under a new one.
-		p.rec = p.b.recordName(p.name)
+		p.goneLocked()
 	}
+	return fmt.Errorf("%w: consul: the session is gone", waitq.ErrGone)
+}
+
+// goneLocked forgets the place's session and record. The old record's
+// name is under the lock-delay of the session that held it: the place
+// queues again under a new one. p.mu must be held.
+func (p *place) goneLocked() {
+	p.sess, p.handed, p.recIndex = "", "", 0
+	p.rec = p.b.recordName(p.name)
 }
 
 // forget forgets the place's session, which a lock attempt of unknown
@@ -833,10 +772,5 @@ func (p *place) sessionGone(sess string) {
 func (p *place) forget() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.sess, p.queued, p.handed = "", false, nil
-	p.recIndex = 0
-	p.rec = p.b.recordName(p.name)
-	if p.renew != nil {
-		p.renew.Stop()
-	}
+	p.goneLocked()
 }

@@ -265,3 +265,45 @@ func TestCutOffWaiterGetsNoStaleHandover(t *testing.T) {
 		time.Sleep(5 * time.Millisecond) // poll the store
 	}
 }
+
+// A lock handed to a place whose caller never takes it (a goroutine that
+// stalls before it looks) is not kept alive by the place: the queue stops
+// refreshing a record once it is handed over (package waitq), so the
+// session expires and another client gets the key. (Consul's place used
+// to renew its session until it closed, which kept such a lock as long as
+// the waiter's process lived; etcd's and Redis's stopped at the handover.
+// On that code this test fails.)
+func TestHandedLockNotTakenExpires(t *testing.T) {
+	agent := consultest.Start(t)
+	ctx := context.Background()
+	const ttl = 2 * consultest.MinTTL
+	holder, _ := newBackend(t, agent.Addr)
+	other, _ := newBackend(t, agent.Addr)
+	b, _ := newBackend(t, agent.Addr)
+	tok := newToken()
+	if _, err := holder.Acquire(ctx, "k", tok, ttl); err != nil {
+		t.Fatal(err)
+	}
+	w := queuetest.Queue(ctx, t, b, "k", ttl)
+	if err := holder.Release(ctx, "k", tok); err != nil {
+		t.Fatal(err)
+	}
+	w.WakeUp(t, "the waiter")
+	h, ok := w.Q.Handed()
+	if !ok {
+		t.Fatal("nothing handed to the waiter")
+	}
+	// Neither taken nor closed: the session must expire by its latest
+	// expiry, and the lock with it, after the lock-delay.
+	latest := h.Since.Add(other.Capabilities().LatestExpiry(ttl) + consul.DefaultLockDelay + 5*time.Second)
+	for {
+		_, err := other.Acquire(ctx, "k", newToken(), ttl)
+		if err == nil {
+			break
+		}
+		if time.Now().After(latest) {
+			t.Fatalf("the lock handed to a waiter that never took it is still held %v after its latest expiry: %v", time.Since(h.Since), err)
+		}
+		time.Sleep(200 * time.Millisecond) // poll the store
+	}
+}

@@ -237,6 +237,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/backend/waitq"
 )
 
 // DefaultPrefix is prepended to every key the backend writes.
@@ -290,13 +291,14 @@ func withCloseClient() Option { return func(o *options) { o.closeClient = true }
 // Backend is the etcd backend. It implements backend.Backend,
 // backend.Notifier, backend.Describer and backend.Inspector.
 type Backend struct {
-	cli    *clientv3.Client
-	opts   options
-	leases *leases
-	ka     refresher
-	tombs  tombLease
-	queues *queues
-	closed atomic.Bool
+	cli     *clientv3.Client
+	opts    options
+	leases  *leases
+	ka      refresher
+	tombs   tombLease
+	queues  *queues
+	waiters *waitq.Group // the places of queues, and their leaves
+	closed  atomic.Bool
 }
 
 var (
@@ -327,7 +329,7 @@ func New(cli *clientv3.Client, opts ...Option) (*Backend, error) {
 	b := &Backend{cli: cli, opts: o, leases: newLeases()}
 	b.tombs.sem = make(chan struct{}, 1)
 	b.ka.cli = cli
-	b.queues = newQueues(b)
+	b.queues, b.waiters = newQueues(b), waitq.NewGroup()
 	return b, nil
 }
 
@@ -430,7 +432,7 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Durat
 		return backend.Grant{}, err
 	}
 	if p := b.queues.watchedPlace(b.lockKeyOf(key)); p != nil {
-		return p.Acquire(ctx, token, ttl) // a waiter of Watch
+		return p.q.Acquire(ctx, token, ttl) // a waiter of Watch
 	}
 	secs := seconds(ttl)
 	if id, refreshed := b.leases.take(secs); id != clientv3.NoLease {
@@ -842,6 +844,7 @@ func (b *Backend) Close() error {
 		return nil
 	}
 	b.queues.close()
+	b.waiters.Close()
 	b.ka.close()
 	if b.opts.closeClient {
 		return b.cli.Close()

@@ -14,48 +14,42 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/backend/waitq"
 )
 
-// The waiters' queue and the handover (backend.Queuer).
+// The waiters' queue and the handover (backend.Queuer). The state machine
+// of a waiter's place, and why it keeps the promise, are package waitq's;
+// this file gives it its primitives and follows the keys for it.
 //
-// A waiter's place in a key's queue is a record under the lock key's queue
+// The record. A waiter's place is a record under the lock key's queue
 // prefix: its value is the token of the waiter's latest refused acquire,
-// and it is attached to the waiter's lease, the lease its lock will be on.
-// The record's create revision orders the queue. The acquire transaction
-// of a waiter puts the record in its Else branch, so that finding the key
-// held and queueing cost one request; it takes the key only when its own
-// record still exists and comes first (deleting it in the same step), and
-// anyone else's acquire only when nobody queues.
+// and it is attached to the waiter's lease, the lease its lock will be on:
+// the lease is the record's carrier (Refresh is a keep-alive), and the
+// record's create revision orders the queue.
 //
-// The release hands the lock to the head of the queue: one transaction,
-// guarded by the releasing token and by the head record's mod revision,
-// puts the head's token under the lock key, on the head's lease, and
-// deletes the head's record; the fence is the revision of that put. The
-// head learns it from its watch, with no request. Why that keeps the
-// promise:
+// What the primitives guarantee:
 //
-//   - Exclusion. The put replaces the releasing token in the same step that
-//     checks it, so the two never hold the key at once, and any other
-//     acquire finds the key held.
-//   - The waiter's deadline. The lock is on the waiter's lease, whose
-//     expiry the store sets to at least its TTL after each keep-alive or
-//     grant it received; the waiter counts its deadline from the send time
-//     of the latest one the store confirmed (Handover.Since), never from
-//     the handover, which it did not send. Keep-alives of unknown outcome
-//     only make the expiry later.
-//   - Vanished records. The guard on the record's mod revision fails when
-//     the record was deleted (its lease expired or was revoked: the waiter
-//     died, stalled, or left) or replaced since the releasing backend saw
-//     it; the release then deletes the key as usual, and the waiter's
-//     watch wakes whoever is at the head. A waiter is never handed the
-//     lock from a record that vanished (the Jepsen etcd 3.4.3 finding).
-//   - A waiter that gives up revokes its lease, which deletes its record
-//     and a lock handed to it, even one handed after it gave up: nothing
-//     of it is left. A waiter whose process dies leaves the lock on its
-//     lease until the lease expires: at most its TTL after its last
-//     keep-alive (plus the leader's half-second scan for expired leases).
-//   - Fences. The handover's put is a new revision, above every revision
-//     before it.
+//   - Atomicity. Attempt is one transaction: it takes the key only when
+//     the place's own record still exists and comes first (deleting it in
+//     the same step), or when nobody queues; its Else branch puts the
+//     record, so that finding the key held and queueing cost one request.
+//     Anyone else's acquire takes the key only when nobody queues.
+//   - The handover's guard. The release hands the lock to the head of the
+//     queue in one transaction, guarded by the releasing token and by the
+//     head record's mod revision: it puts the head's token under the lock
+//     key, on the head's lease, and deletes the head's record; the fence
+//     is the revision of that put. The guard fails when the record was
+//     deleted (its lease expired or was revoked) or replaced since the
+//     releasing backend saw it: the release then deletes the key, and the
+//     head's watch wakes it. A waiter is never handed the lock from a
+//     record that vanished (the Jepsen etcd 3.4.3 finding). The head
+//     learns of the handover from its follower's watch, with no request.
+//   - The lock's life. A handed lock is on the waiter's lease, which
+//     lives at least its TTL after each keep-alive or grant the store
+//     received; keep-alives of unknown outcome only make it later, and
+//     taint the lease so that it is never reused (see leases).
+//   - Leave revokes the waiter's lease, which deletes its record and a
+//     lock handed to it, even one handed by a release still on its way.
 //
 // Each backend follows the keys it waits for with one watch per key over
 // the lock key and its queue (they share a prefix, so that the events of
@@ -73,10 +67,6 @@ const followerLinger = 10 * time.Second
 // package lock backs off and retries instead of waiting for wake-ups.
 const watchSetupTimeout = 2 * time.Second
 
-// revokeTimeout bounds the revoke of a waiter's lease when it leaves
-// without the key; a lease not revoked expires after its TTL.
-const revokeTimeout = 2 * time.Second
-
 // retryMin and retryMax bound the delay before a follower whose watch broke
 // (a leader change, a connection lost) watches again.
 const (
@@ -86,7 +76,7 @@ const (
 
 type queues struct {
 	b  *Backend
-	wg sync.WaitGroup // followers and revokes
+	wg sync.WaitGroup // followers
 
 	mu      sync.Mutex
 	closed  bool
@@ -131,32 +121,29 @@ type record struct {
 	lease  int64
 }
 
-// place is one waiter's place in a key's queue.
+// place is the store side of one waiter's place in a key's queue
+// (waitq.Store): its lease, the lease its lock will be on, and its record.
 type place struct {
 	qs      *queues
+	q       *waitq.Place
 	f       *follower
 	key     string
 	lockKey string
 	qprefix string
 	recKey  string
-	ch      chan struct{}
 
 	// Guarded by qs.mu.
-	secs      int64
-	lease     clientv3.LeaseID
-	refreshed time.Time // send time of the latest confirmed grant or keep-alive of lease
-	create    int64     // the record's create revision; 0: none known
-	recRev    int64     // revision of the latest change of the record this place knows of
-	cur       string    // the token in the record
-	tokens    map[string]bool
-	handed    *backend.Handover
-	took      bool // the lease carries this waiter's lock
+	secs   int64
+	lease  clientv3.LeaseID
+	create int64 // the record's create revision; 0: none known
+	recRev int64 // revision of the latest change of the record this place knows of
+	handed bool  // the queue took note of a handover
+	took   bool  // the lease carries this waiter's lock
 	// tainted: a keep-alive of the lease had an unknown outcome; a late
 	// one would extend the lease's next lock, so it is never reused.
 	tainted   bool
 	closed    bool
 	headWoken bool
-	kaTimer   *time.Timer
 }
 
 // followerLocked returns the follower of lockKey, started if need be.
@@ -206,7 +193,8 @@ func (qs *queues) newPlace(key string, follow bool) (*place, error) {
 		return nil, backend.ErrClosed
 	}
 	p := &place{qs: qs, key: key, lockKey: lockKey, qprefix: qprefix,
-		recKey: qprefix + hex.EncodeToString(id[:]), ch: make(chan struct{}, 1), tokens: map[string]bool{}}
+		recKey: qprefix + hex.EncodeToString(id[:])}
+	p.q = qs.b.waiters.New(p)
 	if follow {
 		p.followLocked()
 	}
@@ -230,7 +218,11 @@ func (b *Backend) Queue(key string) (backend.Queue, error) {
 	if err := b.check(); err != nil {
 		return nil, err
 	}
-	return b.queues.newPlace(key, false)
+	p, err := b.queues.newPlace(key, false)
+	if err != nil {
+		return nil, err
+	}
+	return p.q, nil
 }
 
 // Watch implements backend.Notifier, for callers that do not use Queue: a
@@ -250,16 +242,16 @@ func (b *Backend) Watch(ctx context.Context, key string) (backend.Watch, error) 
 	select {
 	case <-p.f.ready:
 	case <-ctx.Done():
-		p.Close(false)
+		p.q.Close(false)
 		return nil, fmt.Errorf("etcd: watch: %w", ctx.Err())
 	case <-t.C:
-		p.Close(false)
+		p.q.Close(false)
 		return nil, errors.New("etcd: watch: the store did not start the watch in time")
 	}
 	b.queues.mu.Lock()
 	b.queues.watched[p.lockKey] = p
 	b.queues.mu.Unlock()
-	return p, nil
+	return p.q, nil
 }
 
 // watchedPlace returns the place of a Watch of lockKey, or nil.
@@ -279,7 +271,7 @@ func (f *follower) run() {
 		f.qs.mu.Lock()
 		f.current = false
 		for p := range f.places {
-			p.wake() // without wake-ups the waiter tries the store itself
+			p.q.Wake() // without wake-ups the waiter tries the store itself
 		}
 		f.qs.mu.Unlock()
 		if f.ctx.Err() != nil {
@@ -395,13 +387,13 @@ func (f *follower) settleLocked() {
 		// A place without a record (a Watch before its first attempt)
 		// is woken as the key becomes free, as a Notifier's watch is.
 		mine := p.create == 0 || ok && head == p.recKey
-		if !mine || p.handed != nil || p.took || f.lk.exists {
+		if !mine || p.handed || p.took || f.lk.exists {
 			p.headWoken = false
 			continue
 		}
 		if !p.headWoken {
 			p.headWoken = true
-			p.wake()
+			p.q.Wake()
 		}
 	}
 }
@@ -434,22 +426,17 @@ func (qs *queues) head(lockKey string) (string, record, bool) {
 	return f.headLocked()
 }
 
-// handedLocked records a handover to p: the lock key now holds the token
-// of one of p's refused acquires, on p's lease. qs.mu must be held.
+// handedLocked reports a handover to p: the lock key now holds a token on
+// p's lease. The queue checks that the token is one of p's. qs.mu must be
+// held.
 func (p *place) handedLocked(lk kvState) {
-	if p.closed || p.took || p.handed != nil || !p.tokens[lk.value] || lk.lease != int64(p.lease) || p.refreshed.IsZero() {
+	if p.closed || p.took || p.handed || lk.lease != int64(p.lease) || p.lease == clientv3.NoLease {
 		return
 	}
-	p.handed = &backend.Handover{
-		Token: lk.value,
-		Grant: backend.Grant{Fence: uint64(lk.mod), TTL: time.Duration(p.secs) * time.Second},
-		Since: p.refreshed,
+	if p.q.Handoff(lk.value, backend.Grant{Fence: uint64(lk.mod), TTL: time.Duration(p.secs) * time.Second}) {
+		p.handed = true
+		p.create = 0 // the handover deleted the record
 	}
-	p.create = 0 // the handover deleted the record
-	if p.kaTimer != nil {
-		p.kaTimer.Stop()
-	}
-	p.wake()
 }
 
 // recordLocked follows p's record: a deletion that is not the handover's
@@ -467,46 +454,18 @@ func (p *place) recordLocked(ev *clientv3.Event) {
 		return
 	}
 	p.create = 0
-	if p.handed == nil && !p.took {
-		p.wake() // the waiter queues again, at the back
+	if !p.handed && !p.took {
+		p.q.Vanished() // the waiter queues again, at the back
 	}
 }
 
-func (p *place) wake() {
-	select {
-	case p.ch <- struct{}{}:
-	default:
-	}
-}
-
-// C implements backend.Watch.
-func (p *place) C() <-chan struct{} { return p.ch }
-
-// Handed implements backend.Queue.
-func (p *place) Handed() (backend.Handover, bool) {
-	p.qs.mu.Lock()
-	defer p.qs.mu.Unlock()
-	if p.handed == nil || p.closed {
-		return backend.Handover{}, false
-	}
-	return *p.handed, true
-}
-
-// Close implements backend.Watch: unless the waiter took the key (by its
-// acquire, or by taking what Handed reported), it revokes the waiter's
-// lease in the background, which deletes its record and any lock handed
-// to it, now or by a release still on its way.
-func (p *place) Close(took bool) error {
+// Stop implements waitq.Store: the place stops following the key. A
+// waiter that took the lock handed to it hands its lease to the lock.
+func (p *place) Stop(took bool, handed *backend.Handover) {
 	qs := p.qs
 	qs.mu.Lock()
-	if p.closed {
-		qs.mu.Unlock()
-		return nil
-	}
+	defer qs.mu.Unlock()
 	p.closed = true
-	if p.kaTimer != nil {
-		p.kaTimer.Stop()
-	}
 	if p.f != nil {
 		delete(p.f.places, p)
 		p.f.lingerLocked()
@@ -514,88 +473,50 @@ func (p *place) Close(took bool) error {
 	if qs.watched[p.lockKey] == p {
 		delete(qs.watched, p.lockKey)
 	}
-	if took && !p.took && p.handed != nil {
+	if took && !p.took && handed != nil {
 		// The caller took the lock handed to it: the lease is the lock's
 		// now. (Not before: a release of a token whose handover the
 		// caller did not take must not revoke the lease the place goes
 		// on with.)
 		p.took = true
-		qs.b.leases.attach(p.lockKey, p.handed.Token, p.lease, p.secs, p.handed.Since, false, p.tainted)
+		qs.b.leases.attach(p.lockKey, handed.Token, p.lease, p.secs, handed.Since, false, p.tainted)
 	}
-	kept := p.took
-	id := p.lease
-	if !kept && id != clientv3.NoLease {
-		qs.wg.Add(1)
-	}
-	qs.mu.Unlock()
+}
+
+// Leave implements waitq.Store: it revokes the waiter's lease, which
+// deletes its record and any lock handed to it, now or by a release still
+// on its way.
+func (p *place) Leave(ctx context.Context, _ waitq.Leaving) error {
+	p.qs.mu.Lock()
+	id, kept := p.lease, p.took
+	p.qs.mu.Unlock()
 	if kept || id == clientv3.NoLease {
 		return nil
 	}
-	// The revoke deletes the place's record and a lock handed to its
-	// lease. Close waits for it up to leaveWait, so that a waiter that
-	// gave up has left nothing behind when its Acquire returns (a release
-	// right after must not hand it the lock); a store that does not
-	// answer by then gets the rest in the background.
-	done := make(chan struct{})
-	go func() {
-		defer qs.wg.Done()
-		defer close(done)
-		ctx, cancel := context.WithTimeout(context.Background(), revokeTimeout)
-		defer cancel()
-		qs.b.revoke(ctx, id)
-	}()
-	t := time.NewTimer(leaveWait)
-	defer t.Stop()
-	select {
-	case <-done:
-	case <-t.C:
-	}
+	p.qs.b.revoke(ctx, id)
 	return nil
-}
-
-// leaveWait bounds how long a waiter that gives up waits for its revoke.
-const leaveWait = 500 * time.Millisecond
-
-// Acquire implements backend.Queue.
-func (p *place) Acquire(ctx context.Context, token string, ttl time.Duration) (backend.Grant, error) {
-	b := p.qs.b
-	if err := b.check(); err != nil {
-		return backend.Grant{}, err
-	}
-	secs := seconds(ttl)
-	for attempt := 0; ; attempt++ {
-		g, err := p.try(ctx, token, secs)
-		if errors.Is(err, errLeaseGone) && attempt == 0 {
-			continue // the place's lease expired: the next try takes another
-		}
-		return g, err
-	}
 }
 
 // leaseFor returns the lease for an attempt, when the attempt was sent,
 // and the send time of the lease's latest confirmed refresh: the place's
-// own lease or an idle one, refreshed by a keep-alive whose answer comes on
-// ka (refreshed is then sent), or a new one (granted its TTL). A lease
-// refreshed lately carries a lock as it is (see reserve; ka nil, granted
-// the TTL). When the attempt will most likely
-// queue (refusable), a lease refreshed less than a third of its TTL ago is
-// not refreshed either (ka nil, granted 0): its record lives, and the
-// place keeps it alive from then on; should the attempt take the key after
-// all, try refreshes the lease before it reports the grant.
-func (p *place) leaseFor(ctx context.Context, secs int64, refusable bool) (id clientv3.LeaseID, sent, refreshed time.Time, ka <-chan kaAnswer, granted time.Duration, err error) {
+// own lease (refreshed at a.Refreshed) or an idle one, refreshed by a
+// keep-alive whose answer comes on ka (refreshed is then sent), or a new
+// one (granted its TTL). A lease refreshed lately carries a lock as it is
+// (see reserve; ka nil, granted the TTL). When the attempt will most
+// likely queue (refusable), a lease refreshed less than a third of its TTL
+// ago is not refreshed either (ka nil, granted 0): its record lives, and
+// the queue keeps it alive from then on; should the attempt take the key
+// after all, the attempt refreshes the lease before it reports the grant.
+// After ErrGone (a.Fresh), the lease is a new one.
+func (p *place) leaseFor(ctx context.Context, a waitq.Attempt, secs int64, refusable bool) (id clientv3.LeaseID, sent, refreshed time.Time, ka <-chan kaAnswer, granted time.Duration, err error) {
 	b := p.qs.b
 	p.qs.mu.Lock()
-	if p.lease != clientv3.NoLease && p.secs != secs {
-		p.qs.mu.Unlock()
-		return 0, time.Time{}, time.Time{}, nil, 0, fmt.Errorf("%w: etcd: a waiter's acquires must use one TTL; the first asked for %ds, this one %ds", backend.ErrInvalid, p.secs, secs)
-	}
-	id, refreshed = p.lease, p.refreshed
+	id, refreshed = p.lease, a.Refreshed
 	p.qs.mu.Unlock()
-	if id == clientv3.NoLease {
+	if id == clientv3.NoLease && !a.Fresh {
 		id, refreshed = b.leases.take(secs)
 	}
 	sent = time.Now()
-	confirmed := refreshed
 	switch {
 	case id != clientv3.NoLease && asIs(secs, sent, refreshed):
 		granted = time.Duration(secs) * time.Second
@@ -605,19 +526,15 @@ func (p *place) leaseFor(ctx context.Context, secs int64, refusable bool) (id cl
 		if err != nil {
 			return 0, time.Time{}, time.Time{}, nil, 0, b.storeErr(ctx, "acquire: keep-alive", err)
 		}
-		refreshed = sent // once the keep-alive is confirmed
 	default:
 		resp, err := b.cli.Grant(ctx, leaseSecs(secs))
 		if err != nil {
 			return 0, time.Time{}, time.Time{}, nil, 0, b.storeErr(ctx, "acquire: lease", err)
 		}
-		id, granted, refreshed, confirmed = resp.ID, lockTTL(secs, resp.TTL), sent, sent
+		id, granted, refreshed = resp.ID, lockTTL(secs, resp.TTL), sent
 	}
 	p.qs.mu.Lock()
 	p.lease, p.secs = id, secs
-	if confirmed.After(p.refreshed) {
-		p.refreshed = confirmed
-	}
 	p.qs.mu.Unlock()
 	return id, sent, refreshed, ka, granted, nil
 }
@@ -647,20 +564,27 @@ func (p *place) refusableLocked() bool {
 	return false
 }
 
-// try is one acquire transaction of the waiter (see the comment at the
-// top of this file).
-func (p *place) try(ctx context.Context, token string, secs int64) (backend.Grant, error) {
+// Attempt implements waitq.Store: one acquire transaction of the waiter
+// (see the comment at the top of this file). The lease is the record's
+// carrier.
+func (p *place) Attempt(ctx context.Context, a waitq.Attempt) (waitq.Result, error) {
 	b := p.qs.b
+	if err := b.check(); err != nil {
+		return waitq.Result{}, err
+	}
+	token, secs := a.Token, seconds(a.TTL)
 	p.qs.mu.Lock()
+	p.handed = false // the caller did not take it: this attempt takes it over
 	refusable := p.refusableLocked()
 	p.qs.mu.Unlock()
-	id, sent, refreshed, ka, granted, err := p.leaseFor(ctx, secs, refusable)
+	id, sent, refreshed, ka, granted, err := p.leaseFor(ctx, a, secs, refusable)
 	if err != nil {
-		return backend.Grant{}, err
+		return waitq.Result{Queued: a.Queued}, err
 	}
+	res := waitq.Result{Refreshed: refreshed}
 	lk, tk, rk := p.lockKey, b.tombKeyOf(p.key, token), p.recKey
 	p.qs.mu.Lock()
-	create, prev := p.create, p.cur
+	create := p.create
 	p.qs.mu.Unlock()
 
 	cmps := []clientv3.Cmp{
@@ -683,14 +607,14 @@ func (p *place) try(ctx context.Context, token string, secs int64) (backend.Gran
 		clientv3.OpPut(rk, token, clientv3.WithLease(id), clientv3.WithPrevKV()),
 	}
 	els := enqueue
-	if prev != "" {
+	if a.Prev != "" {
 		// A release may have handed the lock to the previous token
 		// (and the caller did not take it: it learned of it too late to
 		// count on it, or not yet): take it over with this one, a new
 		// grant with its own keep-alive, instead of queueing.
 		els = []clientv3.Op{clientv3.OpTxn(
 			[]clientv3.Cmp{
-				clientv3.Compare(clientv3.Value(lk), "=", prev),
+				clientv3.Compare(clientv3.Value(lk), "=", a.Prev),
 				clientv3.Compare(clientv3.LeaseValue(lk), "=", id),
 				clientv3.Compare(clientv3.CreateRevision(tk), "=", 0),
 			},
@@ -701,7 +625,7 @@ func (p *place) try(ctx context.Context, token string, secs int64) (backend.Gran
 	resp, err := b.cli.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
 	took := err == nil && resp.Succeeded
 	enq := resp
-	if err == nil && !resp.Succeeded && prev != "" {
+	if err == nil && !resp.Succeeded && a.Prev != "" {
 		inner := resp.Responses[0].GetResponseTxn()
 		took = inner.Succeeded
 		enq = (*clientv3.TxnResponse)(inner)
@@ -717,8 +641,7 @@ func (p *place) try(ctx context.Context, token string, secs int64) (backend.Gran
 		switch {
 		case errors.Is(kerr, rpctypes.ErrLeaseNotFound) && (errors.Is(err, rpctypes.ErrLeaseNotFound) || err == nil && !took):
 			// The lease expired, and with it the record, if any.
-			p.leaseGone(id)
-			return backend.Grant{}, errLeaseGone
+			return waitq.Result{}, p.leaseGone(id)
 		case kerr != nil && err == nil && !took:
 			// Queued; the lease's refresh is unknown, so its
 			// confirmed refresh stays the earlier one.
@@ -727,16 +650,15 @@ func (p *place) try(ctx context.Context, token string, secs int64) (backend.Gran
 			p.qs.mu.Unlock()
 		case kerr != nil:
 			b.leases.attach(lk, token, id, secs, sent, true, true)
-			return backend.Grant{}, b.storeErr(ctx, "acquire: keep-alive", errors.Join(kerr, err))
+			return waitq.Result{Queued: true}, b.storeErr(ctx, "acquire: keep-alive", errors.Join(kerr, err))
 		default:
-			granted = lockTTL(secs, kttl)
-			p.refreshedAt(sent)
+			granted, refreshed = lockTTL(secs, kttl), sent
+			res.Refreshed = sent
 		}
 	} else if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		// The lease expired before the attempt (it was not refreshed
 		// for it); the transaction did nothing.
-		p.leaseGone(id)
-		return backend.Grant{}, errLeaseGone
+		return waitq.Result{}, p.leaseGone(id)
 	} else if err == nil && took && granted == 0 {
 		// Taken on a lease not refreshed for this attempt: refresh it
 		// now. Once the store confirms it, it keeps the lock at least
@@ -747,22 +669,22 @@ func (p *place) try(ctx context.Context, token string, secs int64) (backend.Gran
 		switch {
 		case errors.Is(kerr, rpctypes.ErrLeaseNotFound):
 			// Expired between the two: the key went with it.
-			p.leaseGone(id)
-			return backend.Grant{}, errLeaseGone
+			return waitq.Result{}, p.leaseGone(id)
 		case kerr != nil:
 			b.leases.attach(lk, token, id, secs, sent, true, true)
-			return backend.Grant{}, b.storeErr(ctx, "acquire: keep-alive", kerr)
+			return waitq.Result{Queued: true}, b.storeErr(ctx, "acquire: keep-alive", kerr)
 		}
 		granted, refreshed = lockTTL(secs, kttl), kaSent
-		p.refreshedAt(kaSent)
+		res.Refreshed = kaSent
 	}
 	if err != nil {
 		// The key may be attached to the lease now or later: the
 		// release that package lock sends to undo this attempt finds
 		// the lease here, marked unknown, and revokes it whatever it
-		// finds, as Close does; it never reuses it (see leases).
+		// finds, as Leave does; it never reuses it (see leases).
 		b.leases.attach(lk, token, id, secs, refreshed, true, false)
-		return backend.Grant{}, b.storeErr(ctx, "acquire", err)
+		res.Queued = true
+		return res, b.storeErr(ctx, "acquire", err)
 	}
 	if took {
 		p.qs.mu.Lock()
@@ -770,10 +692,11 @@ func (p *place) try(ctx context.Context, token string, secs int64) (backend.Gran
 		tainted := p.tainted
 		p.qs.mu.Unlock()
 		b.leases.attach(lk, token, id, secs, refreshed, false, tainted)
-		return backend.Grant{Fence: uint64(resp.Header.Revision), TTL: granted}, nil
+		res.Grant = backend.Grant{Fence: uint64(resp.Header.Revision), TTL: granted}
+		return res, nil
 	}
 	if enq.Responses[0].GetResponseRange().Count > 0 {
-		return backend.Grant{}, errDead
+		return waitq.Result{Queued: true}, errDead
 	}
 	created := resp.Header.Revision
 	if prev := enq.Responses[1].GetResponsePut().PrevKv; prev != nil {
@@ -783,8 +706,6 @@ func (p *place) try(ctx context.Context, token string, secs int64) (backend.Gran
 	if resp.Header.Revision > p.recRev {
 		p.create, p.recRev = created, resp.Header.Revision
 	}
-	p.cur = token
-	p.tokens[token] = true
 	if p.f == nil {
 		p.followLocked()
 		// A follower that ran before may have seen the key freed, or
@@ -794,74 +715,47 @@ func (p *place) try(ctx context.Context, token string, secs int64) (backend.Gran
 			p.f.settleLocked()
 		}
 	}
-	// Queued anew: a lock handed to an earlier token and not taken is
-	// history.
-	p.handed = nil
-	p.scheduleKeepAliveLocked()
 	p.qs.mu.Unlock()
-	return backend.Grant{}, backend.Locked(0)
+	res.Queued = true
+	return res, backend.Locked(0)
 }
 
-// refreshedAt records a confirmed refresh of the place's lease sent at
-// sent.
-func (p *place) refreshedAt(sent time.Time) {
-	p.qs.mu.Lock()
-	defer p.qs.mu.Unlock()
-	if sent.After(p.refreshed) {
-		p.refreshed = sent
-	}
-}
-
-// leaseGone forgets the place's lease id, which the store no longer has.
-func (p *place) leaseGone(id clientv3.LeaseID) {
+// leaseGone forgets the place's lease id, which the store no longer has,
+// and says so to the queue (waitq.ErrGone).
+func (p *place) leaseGone(id clientv3.LeaseID) error {
 	p.qs.mu.Lock()
 	defer p.qs.mu.Unlock()
 	if p.lease == id {
-		p.lease, p.refreshed, p.create = clientv3.NoLease, time.Time{}, 0
+		p.lease, p.create, p.handed = clientv3.NoLease, 0, false
 	}
+	return fmt.Errorf("%w: %w", waitq.ErrGone, errLeaseGone)
 }
 
-// scheduleKeepAliveLocked keeps the place's lease, and so its record,
-// alive while the waiter waits: a keep-alive every third of its TTL.
-// qs.mu must be held.
-func (p *place) scheduleKeepAliveLocked() {
-	if p.kaTimer != nil || p.closed {
-		return
+// Refresh implements waitq.Store: a keep-alive of the place's lease, which
+// keeps its record (and a lock handed to it) alive.
+func (p *place) Refresh(ctx context.Context, _ time.Duration) (waitq.Refreshed, error) {
+	p.qs.mu.Lock()
+	id, stop := p.lease, p.closed || p.took || p.qs.closed
+	p.qs.mu.Unlock()
+	switch {
+	case stop:
+		return waitq.Refreshed{}, backend.ErrClosed
+	case id == clientv3.NoLease:
+		return waitq.Refreshed{}, fmt.Errorf("%w: the place has no lease", waitq.ErrGone)
 	}
-	period := time.Duration(p.secs) * time.Second / 3
-	p.kaTimer = time.AfterFunc(period, func() {
-		p.qs.mu.Lock()
-		if p.closed || p.took || p.handed != nil || p.lease == clientv3.NoLease || p.qs.closed {
-			p.kaTimer = nil
-			p.qs.mu.Unlock()
-			return
-		}
-		id := p.lease
-		p.qs.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), period)
-		sent := time.Now()
-		_, err := p.qs.b.ka.keepAlive(ctx, id)
-		cancel()
-		switch {
-		case err == nil:
-			p.refreshedAt(sent)
-		case errors.Is(err, rpctypes.ErrLeaseNotFound):
-			p.leaseGone(id)
-			p.wake() // the record went with it: queue again
-		default:
-			p.qs.mu.Lock()
-			if p.lease == id {
-				p.tainted = true
-			}
-			p.qs.mu.Unlock()
-		}
-		p.qs.mu.Lock()
-		p.kaTimer = nil
-		if p.lease != clientv3.NoLease {
-			p.scheduleKeepAliveLocked()
-		}
-		p.qs.mu.Unlock()
-	})
+	_, err := p.qs.b.ka.keepAlive(ctx, id)
+	switch {
+	case err == nil:
+		return waitq.Refreshed{}, nil
+	case errors.Is(err, rpctypes.ErrLeaseNotFound):
+		return waitq.Refreshed{}, p.leaseGone(id) // the record went with it: queue again
+	}
+	p.qs.mu.Lock()
+	if p.lease == id {
+		p.tainted = true
+	}
+	p.qs.mu.Unlock()
+	return waitq.Refreshed{}, err
 }
 
 // close ends every follower and waits for them and for the revokes of

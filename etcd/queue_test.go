@@ -554,3 +554,56 @@ func TestHandoverWithRepliesHeld(t *testing.T) {
 		waiter.Close()
 	}
 }
+
+// One rule for every queue (package waitq): an attempt that finds the
+// place's carrier gone changed nothing, and the one retry uses a new
+// carrier, never a kept one. Here the waiter's lease and the backend's idle
+// lease are both revoked from outside: the retry grants a new lease and
+// queues the waiter again. (etcd's place used to retry on a lease from the
+// pool, gone as well, and failed; on that code this test fails.)
+func TestQueueRetriesOnANewLease(t *testing.T) {
+	srv := startEtcd(t)
+	ctx := ctxFor(t)
+	holder, cli := newBackend(t, srv.Addr)
+	tok := newToken()
+	if _, err := holder.Acquire(ctx, "k", tok, 10*time.Second); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	ab, _ := newBackend(t, srv.Addr)
+	a := queueUp(ctx, t, ab, "k")
+	// An idle lease for ab's pool: a lock of the same TTL, released.
+	other := newToken()
+	if _, err := ab.Acquire(ctx, "other", other, 10*time.Second); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	all, err := cli.Get(ctx, etcd.DefaultPrefix, clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var leases []clientv3.LeaseID
+	for _, kv := range all.Kvs {
+		if v := string(kv.Value); v == other || v == a.tok {
+			leases = append(leases, clientv3.LeaseID(kv.Lease))
+		}
+	}
+	if len(leases) != 2 {
+		t.Fatalf("found %d of the two leases (the waiter's record's, the idle one's)", len(leases))
+	}
+	if err := ab.Release(ctx, "other", other); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	for _, id := range leases {
+		if _, err := cli.Revoke(ctx, id); err != nil {
+			t.Fatalf("Revoke: %v", err)
+		}
+	}
+	a.woken(t, "the waiter whose lease was revoked")
+	a.try(ctx, t, "k") // queued again, on a new lease
+	rec, err := cli.Get(ctx, etcd.DefaultPrefix+"k/k\xffq/", clientv3.WithPrefix())
+	if err != nil || len(rec.Kvs) != 1 || string(rec.Kvs[0].Value) != a.tok {
+		t.Fatalf("queue %v, %v; want the waiter's new record", rec, err)
+	}
+	if id := clientv3.LeaseID(rec.Kvs[0].Lease); id == leases[0] || id == leases[1] {
+		t.Fatalf("the waiter queued again on a revoked lease %x", id)
+	}
+}

@@ -18,64 +18,45 @@ import (
 )
 
 // The waiters' queue and the handover (backend.Queuer), single deployment
-// only.
+// only. The state machine of a waiter's place, and why it keeps the
+// promise, are package waitq's; this file gives it its primitives.
 //
-// A waiting Acquire that finds the key held (or others queued before it)
-// puts its place in the key's queue in the same script: the sorted set
-// "PREFIX{KEY}:q" holds the places' ids in arrival order, and each place
-// has a record "PREFIX{KEY}:w:ID" whose value is the token of its latest
-// refused attempt and whose expiry is its TTL from that attempt, refreshed
-// every third of the TTL while it waits (the record is the waiter's lease
-// on its place). The release script hands the lock to the oldest place
-// whose record lives: it sets the lock key to the record's token with the
-// record's remaining expiry, takes a new fence, deletes the record, and
-// publishes "h:ID:FENCE:TOKEN" on the channel of that place's backend and
-// key (named in the record): that process alone hears it, and holds the
-// lock with no request of its own. The place first in the queue learns
-// the lock's expiry from its own refreshes (the refresh script returns it
-// to the place that is first, or says that the lock is free) and arms a
-// timer for it: should the holder die without a release, or the lock be
-// free with nobody told, the place tries when the lock expires, or at
-// once. (The release does not tell the next place itself: that message
-// woke a second process at each handover, which cost the hot key 2 to 4
-// points of utilisation with 16 processes.) A waiter whose process dies
-// while queued therefore delays the others by at most 4/3 of its TTL: its
-// record (and a lock handed to it) expires at most a TTL after its last
-// refresh, and the place after it learns that from its next refresh, at
-// most a third of the TTL later. Why that keeps the promise:
+// The record. The sorted set "PREFIX{KEY}:q" holds the places' ids in
+// arrival order, and each place has a record "PREFIX{KEY}:w:ID" whose value
+// is the token of its latest refused attempt and the place's channel, and
+// whose expiry is its TTL from the latest attempt or refresh: the record
+// is its own carrier.
 //
-//   - Exclusion. The release script checks the releasing token and gives
-//     the key to the waiter in one atomic step; every other acquire finds
-//     the key held.
-//   - The waiter's deadline. The lock key gets the record's remaining
-//     expiry, so the store keeps the lock until at least the TTL after the
-//     request that last wrote or refreshed the record; the waiter counts its
-//     deadline from that request's send time (Handover.Since), never from
-//     the handover or the message, which it did not send.
-//   - Vanished records. A place whose record expired (its process died or
-//     stalled past its TTL) is skipped, and a record whose token was
-//     released (a waiter that gave up) is skipped too: a waiter is never
-//     handed the lock from a place it lost. Its next attempt queues it
-//     again, at the back.
-//   - A waiter that gives up runs the release script for its record's
-//     token: its place goes, and a lock handed to it that it never took is
-//     released to the next waiter. A waiter whose process dies leaves its
-//     record until it expires, at most its TTL after its last refresh, and
-//     a lock handed to it until the same moment.
-//   - A holder that expires while a place is first in the queue: that
-//     place tries at the holder's expiry (the queueing script and the
-//     first place's refreshes return the holder's remaining time).
-//   - A lost message (a pub/sub connection that broke) delays the waiter,
-//     it does not harm anyone: the lock stays the waiter's until its
-//     expiry, and the waiter's next attempt (a resubscription wakes it, and
-//     package lock retries at least every TTL) takes it over as a new grant.
-//   - Fences. A handover takes its fence from the key's counter (or the
-//     slot's), like every grant.
-//   - FIFO. A waiter takes a free key only when no live place is queued
-//     before it, and Acquire and TryAcquire calls that do not queue take a
-//     free key only when nobody queues; a release hands the key to the
-//     oldest place. Waiters are served in the order they first found the
-//     key held.
+// What the primitives guarantee:
+//
+//   - Atomicity. Each of placeAcquireScript (Attempt), refreshScript
+//     (Refresh) and queueReleaseScript (a release, and Leave) is one Lua
+//     script: Redis runs it with nothing in between.
+//   - Order. A waiter takes a free key only when no live place is queued
+//     before it, and the Acquire and TryAcquire calls that do not queue
+//     take a free key only when nobody queues (redis.go); the release
+//     hands the key to the oldest place whose record lives and whose
+//     token is not dead. A place whose record expired is dropped from the
+//     set; its next attempt queues it again, at the back.
+//   - The handover's guard. The release script checks the releasing
+//     token, and gives the lock key the record's token with the record's
+//     remaining expiry and a new fence from the key's counter (or the
+//     slot's), and deletes the record, in the same step. It publishes
+//     "h:ID:FENCE:TOKEN" on the channel of that place's backend and key
+//     (named in the record): that process alone hears it, and its notifier
+//     reports it to the place (waitq.Place.Handoff). A lost message (a
+//     pub/sub connection that broke) costs latency: the lock stays the
+//     waiter's until its expiry, and its next attempt (a resubscription
+//     wakes it) takes it over as a new grant (Attempt.Prev).
+//   - Leave is the release script for the record's token: its place goes,
+//     and a lock handed to it, even by a release that ran after the
+//     waiter gave up, is released to the next waiter. A tombstone of the
+//     token keeps a late handover from choosing it again.
+//   - The head. A holder that expires hands nothing over and publishes
+//     nothing; the place first in the queue learns the lock's expiry from
+//     its attempts and refreshes (both scripts return it to the first
+//     place) and is woken then (Result.RetryIn). A release that finds the
+//     key free with others queued wakes the first of them ("w:ID").
 //
 // Redlock does not queue: a handover would have to be the same on a
 // majority of nodes, each choosing the head of its own queue, and nodes

@@ -9,6 +9,7 @@ import (
 
 	"github.com/distlock/lock"
 	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/backend/waitq"
 	"github.com/distlock/lock/conformance/faultproxy"
 	"github.com/distlock/lock/internal/queuetest"
 	"github.com/distlock/lock/internal/redistest"
@@ -281,4 +282,67 @@ func TestNextWaiterWokenAtAHandedLocksExpiry(t *testing.T) {
 	second.Q.Close(true)
 	px.Deliver(faultproxy.Both)
 	first.Q.Close(false)
+}
+
+// One rule for every queue (package waitq): a waiter that gives up while
+// the store does not answer returns after waitq.LeaveWait, and its leave
+// goes on in the background, bounded by waitq.LeaveTimeout; it lands once
+// the store answers and leaves nothing behind. (Redis's place used to hold
+// Close for the whole bound, 3s, while etcd's and Consul's waited 500ms;
+// on that code this test fails.)
+func TestGivingUpDoesNotWaitOutAHungStore(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	ctx := context.Background()
+	rdb := newGoRedis(t, srv.Addr)
+	holder := redis.New(rdb)
+	defer holder.Close()
+	px := faultproxy.Start(t, srv.Addr)
+	b := redis.New(newGoRedis(t, px.Addr))
+	defer b.Close()
+	tok := newQueueToken()
+	if _, err := holder.Acquire(ctx, "k", tok, queueTTL); err != nil {
+		t.Fatal(err)
+	}
+	w := queueUpOn(ctx, t, b, "k")
+	px.Hold(faultproxy.ToClient) // the store acts, its answers wait
+	start := time.Now()
+	w.Q.Close(false)
+	if took := time.Since(start); took >= waitq.LeaveTimeout {
+		t.Fatalf("Close took %v: it waited out the whole leave bound (%v) instead of at most %v", took, waitq.LeaveTimeout, waitq.LeaveWait)
+	}
+	px.Deliver(faultproxy.ToClient)
+	if err := holder.Release(ctx, "k", tok); err != nil {
+		t.Fatal(err)
+	}
+	if left := keysLeft(t, rdb); len(left) != 1 {
+		t.Fatalf("left behind after the waiter gave up and the holder released: %v", left)
+	}
+}
+
+// One rule for every queue: a waiter's attempts use one TTL, since a
+// handover is counted with the TTL of the record's latest write. A second
+// TTL is refused with ErrInvalid and changes nothing: the record keeps the
+// first attempt's token, which the release then hands the lock to. (Redis
+// used to accept it; etcd and Consul refused it.)
+func TestQueueRefusesASecondTTL(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	ctx := context.Background()
+	holder := redis.New(newGoRedis(t, srv.Addr))
+	defer holder.Close()
+	b := redis.New(newGoRedis(t, srv.Addr))
+	defer b.Close()
+	tok := newQueueToken()
+	if _, err := holder.Acquire(ctx, "k", tok, queueTTL); err != nil {
+		t.Fatal(err)
+	}
+	w := queueUpOn(ctx, t, b, "k")
+	if _, err := w.Q.Acquire(ctx, newQueueToken(), queueTTL/2); !errors.Is(err, backend.ErrInvalid) {
+		t.Fatalf("an attempt with a second TTL: %v; want ErrInvalid", err)
+	}
+	if err := holder.Release(ctx, "k", tok); err != nil {
+		t.Fatal(err)
+	}
+	if h := w.Handed(t, "the waiter"); h.Token != w.Token {
+		t.Fatalf("handed to %s; want the first attempt's token %s", h.Token, w.Token)
+	}
 }

@@ -311,13 +311,14 @@ func (p *Place) Vanished() {
 func (p *Place) Lost() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.lostLocked()
+	p.forgetLocked()
+	p.Wake() // the waiter queues again
 }
 
-func (p *Place) lostLocked() {
+// forgetLocked forgets the place's record and carrier.
+func (p *Place) forgetLocked() {
 	p.queued, p.refreshed, p.handed, p.early = false, time.Time{}, nil, nil
 	p.stopLocked()
-	p.Wake()
 }
 
 // Acquire implements backend.Queue.
@@ -340,7 +341,7 @@ func (p *Place) Acquire(ctx context.Context, token string, ttl time.Duration) (b
 		if errors.Is(err, ErrGone) {
 			p.mu.Lock()
 			p.pending = ""
-			p.lostLocked()
+			p.forgetLocked() // the caller learns it from this call
 			p.mu.Unlock()
 			if try == 0 {
 				continue
@@ -436,7 +437,8 @@ func (p *Place) refreshNow(ttl time.Duration) {
 	}
 	switch {
 	case errors.Is(err, ErrGone):
-		p.lostLocked()
+		p.forgetLocked()
+		p.Wake() // the waiter queues again
 		return
 	case err != nil:
 		// Unknown: the earlier refresh still bounds the expiry.
