@@ -4,7 +4,6 @@ import (
 	"container/list"
 	"context"
 	"sync"
-	"time"
 )
 
 // localQueue keeps the goroutines of one Client that want the same key in
@@ -164,15 +163,4 @@ func (q *localQueue) pass(key string) {
 		}
 	}
 	delete(sh.keys, key)
-}
-
-// releaseInBackground releases a lease nobody will use, bounded by its TTL.
-func (l *Lease) releaseInBackground() {
-	if !l.c.background(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), max(l.ttl, time.Second))
-		defer cancel()
-		l.Release(ctx)
-	}) {
-		l.passTurn() // the client is closing: the lock expires
-	}
 }

@@ -26,7 +26,7 @@ var libFlaws = map[string]struct {
 	kase string // the conformance case that must catch it
 }{
 	// A renewal that finds the lock gone takes it again.
-	"watchdog-reacquires": {flawpatch.Edit{File: "lease.go",
+	"watchdog-reacquires": {flawpatch.Edit{File: "renew.go",
 		Old: "\tif err != nil {\n\t\tif errors.Is(err, ErrNotHeld) {\n\t\t\tl.endLocked(stateLost, fmt.Errorf(\"%w: the store no longer holds it for this owner",
 		New: "\tif err != nil && errors.Is(err, ErrNotHeld) {\n\t\tif g2, err2 := l.c.b.Acquire(ctx, l.key, newToken(), ttl); err2 == nil {\n\t\t\tg, err = g2, nil\n\t\t}\n\t}\n" +
 			"\tif err != nil {\n\t\tif errors.Is(err, ErrNotHeld) {\n\t\t\tl.endLocked(stateLost, fmt.Errorf(\"%w: the store no longer holds it for this owner",
@@ -44,7 +44,7 @@ var libFlaws = map[string]struct {
 	}, "DeadlineWithinStore"},
 	// A handover of unknown outcome ends the new lease but frees neither
 	// token.
-	"handover-unknown-keeps": {flawpatch.Edit{File: "lease.go",
+	"handover-unknown-keeps": {flawpatch.Edit{File: "handover.go",
 		Old: "\t\tl.c.cleanup(ctx, l.key, from, l.ttl, false)\n",
 		New: "\t\treturn\n\t\tl.c.cleanup(ctx, l.key, from, l.ttl, false)\n",
 	}, "HandoverFails"},
