@@ -125,7 +125,7 @@ func (c *Client) Do(ctx context.Context, key string, fn func(ctx context.Context
 	defer cancel(nil)
 	l.onEnd(func(cause error) { cancel(cause) })
 	release := func() error {
-		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), l.ttl)
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), l.TTL())
 		defer rcancel()
 		return l.Release(rctx)
 	}

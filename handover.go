@@ -63,13 +63,13 @@ func (c *Client) handed(ctx context.Context, q backend.Queue, key string, cfg *c
 // least) and now plus its own TTL less drift (the transfer, sent after now,
 // keeps it for this token from its arrival): see validity.
 func (c *Client) newHandedLease(key, token string, cfg *config, fence uint64, prev time.Time) *Lease {
-	l := c.newLease(key, token, cfg, time.Time{}, backend.Grant{Fence: fence})
-	l.mu.Lock()
-	defer l.unlock()
+	start := cfg.clock.Now() // also the start of the maximum hold time
+	l := c.lease(key, token, cfg, fence, start, handedValidity(cfg, prev, start))
 	l.handover = make(chan struct{})
-	l.acquired = cfg.clock.Now() // for the maximum hold time
-	l.v.inherit(prev, l.acquired, l.ttl)
-	l.renewAt = l.v.deadline
+	// No other goroutine sees l before the scheduler does: its mutex
+	// publishes the fields set here. Only the deadline is scheduled until
+	// completeHandover has settled the lease.
+	l.wd.renewAt = l.v.deadline
 	l.armLocked()
 	return l
 }
@@ -136,10 +136,11 @@ func (l *Lease) transferToNext(ctx context.Context) (bool, error) {
 		return false, nil
 	}
 	l.mu.Lock()
-	reserved, deadline := l.next, l.v.deadline
+	reserved, deadline, ttl := l.next, l.v.deadline, l.v.ttl
+	left := l.v.remaining(l.clock.Now())
 	l.unlock()
 	sameClock := l.sched == c.sched && w.cfg.clockID == c.cfg.clockID
-	if left := l.clock.Until(deadline); reserved > 0 && sameClock && left >= l.ttl/handoverMargin && left >= w.cfg.ttl/handoverMargin {
+	if reserved > 0 && sameClock && left >= ttl/handoverMargin && left >= w.cfg.ttl/handoverMargin {
 		next := c.newHandedLease(l.key, w.token, w.cfg, reserved, deadline)
 		l.leftTurn.Store(true) // the turn goes with the lock
 		// Start the transfer before waking the next holder: the
@@ -201,7 +202,7 @@ func (l *Lease) transferToNext(ctx context.Context) (bool, error) {
 // did, it releases l. It runs in the background.
 func (l *Lease) completeHandover(from string, delivered <-chan bool) {
 	l.mu.Lock()
-	deadline := l.v.deadline
+	deadline, ttl := l.v.deadline, l.v.ttl // inherit recorded the transfer's TTL as sent
 	l.unlock()
 	ctx, cancel := context.WithCancel(context.Background())
 	if clock.IsReal(l.clock) {
@@ -209,7 +210,7 @@ func (l *Lease) completeHandover(from string, delivered <-chan bool) {
 	}
 	defer cancel()
 	sent := l.clock.Now()
-	t, err := l.c.transfer.Transfer(ctx, l.key, from, l.token, l.ttl, backend.TransferOptions{Fence: l.fence, Reserve: true})
+	t, err := l.c.transfer.Transfer(ctx, l.key, from, l.token, ttl, backend.TransferOptions{Fence: l.fence, Reserve: true})
 	took := <-delivered
 	l.settleHandover(ctx, from, sent, t, err)
 	close(l.handover)
@@ -219,7 +220,7 @@ func (l *Lease) completeHandover(from string, delivered <-chan bool) {
 	}
 	l.unlock()
 	if !took { // the waiter gave up meanwhile
-		rctx, rcancel := context.WithTimeout(context.Background(), max(l.ttl, time.Second))
+		rctx, rcancel := context.WithTimeout(context.Background(), max(ttl, time.Second))
 		defer rcancel()
 		l.Release(rctx)
 	}
@@ -231,7 +232,7 @@ func (l *Lease) settleHandover(ctx context.Context, from string, sent time.Time,
 	defer l.unlock()
 	l.checkDeadlineLocked()
 	if err == nil {
-		if berr := l.c.brokenGrant("a transfer", t.Fence, t.TTL, l.ttl); berr == nil && t.Fence != l.fence {
+		if berr := l.c.brokenGrant("a transfer", t.Fence, t.TTL, l.v.ttl); berr == nil && t.Fence != l.fence {
 			err = fmt.Errorf("%w: %T reported a transfer with fence %d, not the fence %d reserved for it", ErrBackendContract, l.c.b, t.Fence, l.fence)
 		} else if berr != nil {
 			err = berr // handled as a transfer of unknown outcome
@@ -244,7 +245,7 @@ func (l *Lease) settleHandover(ctx context.Context, from string, sent time.Time,
 		l.armLocked()
 	case err == nil:
 		// l ended (lost at its deadline) while the transfer was out.
-		l.c.cleanup(ctx, l.key, l.token, l.ttl, false)
+		l.c.cleanup(ctx, l.key, l.token, l.v.ttl, false)
 	case errors.Is(err, ErrNotHeld):
 		if l.state == stateHeld {
 			l.endLocked(stateLost, fmt.Errorf("%w: the store no longer held the lock when it was handed over: %w", ErrLost, err))
@@ -255,8 +256,8 @@ func (l *Lease) settleHandover(ctx context.Context, from string, sent time.Time,
 		if l.state == stateHeld {
 			l.endLocked(stateLost, fmt.Errorf("%w: handing the lock over failed: %w", ErrLost, err))
 		}
-		l.c.cleanup(ctx, l.key, from, l.ttl, false)
-		l.c.cleanup(ctx, l.key, l.token, l.ttl, false)
+		l.c.cleanup(ctx, l.key, from, l.v.ttl, false)
+		l.c.cleanup(ctx, l.key, l.token, l.v.ttl, false)
 	}
 }
 

@@ -31,72 +31,79 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 // Err returns an error wrapping ErrLost. Stop touching the protected resource
 // then.
 type Lease struct {
-	c         *Client
-	key       string
-	token     string
-	fence     uint64
-	ttl       time.Duration
-	clock     clock.Clock
-	maxHold   time.Duration
-	acquired  time.Time // when the acquire request was sent
+	// A lease's parts live in files of their own: its deadline and TTL in
+	// validity.go, its watchdog in renew.go, the handover of its lock to
+	// the next goroutine of the Client in handover.go, and the Client's
+	// turn for the key, which it holds, in local.go. Its fields are
+	// grouped by what guards them.
+
+	// Set before the lease is shared, then only read.
+	c        *Client
+	key      string
+	token    string
+	fence    uint64
+	clock    clock.Clock
+	sched    *scheduler // runs the lease's ticks: its deadline and its watchdog
+	acquired time.Time  // when the acquisition began; WithMaxHold counts from there
+	// The watchdog's settings (renew.go).
 	autoRenew bool
-	leftTurn  atomic.Bool // the client's turn for the key was passed on
-
-	mu       sync.Mutex
-	state    leaseState
-	err      error    // why the lease ended; nil while held
-	v        validity // the deadline's one owner
-	renewAt  time.Time
-	renewing bool
-	capped   bool  // the watchdog stopped at the maximum hold time
-	lastErr  error // the last failed renewal
-	sched    *scheduler
-	due      time.Time // guarded by sched.mu
-	index    int       // in the scheduler's heap, -1 when not in it; guarded by sched.mu
-	done     chan struct{}
-	hooks    []func(error)
-	ended    []func(error)      // hooks of an end, run by unlock after the mutex is released
-	cancel   context.CancelFunc // of an automatic renewal in flight
-	next     uint64             // a fence reserved for the next holder; 0: none
-
+	maxHold   time.Duration // 0: no cap
 	// handover is closed when the lock, handed over ahead of the store,
 	// has reached this lease on the store (or failed to); nil for a lease
-	// the store granted before it was created. Set before the lease is
-	// shared.
+	// the store granted before it was created (handover.go).
 	handover chan struct{}
+
+	// Atomic.
+	leftTurn atomic.Bool // the client's turn for the key was passed on
+
+	// Guarded by mu: the lease's state and everything that changes with it.
+	mu    sync.Mutex
+	state leaseState
+	err   error         // why the lease ended; nil while held
+	v     validity      // the deadline and the TTL, and their one owner
+	wd    watchdog      // the automatic renewal (renew.go)
+	next  uint64        // a fence reserved for the next holder; 0: none (handover.go)
+	done  chan struct{} // made by Done; closed when the lease ends
+	hooks []func(error) // called once when the lease ends (onEnd)
+	ended []func(error) // hooks of an end, run by unlock after the mutex is released
+
+	// Guarded by sched.mu (scheduler.go).
+	due   time.Time // when the scheduler runs tick next
+	index int       // in the scheduler's heap; -1 when not in it
 }
 
+// newLease returns the lease of a lock that the store granted, as g says,
+// to token for a request sent at sent that asked for cfg's TTL; its
+// watchdog is scheduled.
 func (c *Client) newLease(key, token string, cfg *config, sent time.Time, g backend.Grant) *Lease {
+	l := c.lease(key, token, cfg, g.Fence, sent, grantValidity(cfg, sent, g))
+	// No other goroutine sees l before the scheduler does: its mutex
+	// publishes the fields set here.
+	l.planRenewalLocked(sent)
+	l.armLocked()
+	return l
+}
+
+// lease returns a lease of key for token with fence, valid as v says;
+// acquired is when its acquisition began. Nothing schedules it yet.
+func (c *Client) lease(key, token string, cfg *config, fence uint64, acquired time.Time, v validity) *Lease {
 	sched := c.sched
 	if cfg.clockID != c.cfg.clockID {
 		sched = newScheduler(cfg.clock) // this call chose its own clock
 	}
-	ttl := cfg.ttl
-	if g.TTL > 0 && g.TTL < ttl {
-		ttl = g.TTL
-	}
-	l := &Lease{
+	return &Lease{
 		c:         c,
 		key:       key,
 		token:     token,
-		fence:     g.Fence,
-		ttl:       ttl,
+		fence:     fence,
 		clock:     cfg.clock,
-		maxHold:   cfg.maxHold,
-		acquired:  sent,
+		acquired:  acquired,
 		autoRenew: cfg.autoRenew,
+		maxHold:   cfg.maxHold,
 		sched:     sched,
+		v:         v,
 		index:     -1,
-		v:         validity{drift: cfg.driftFor(ttl)},
 	}
-	if !sent.IsZero() {
-		// No other goroutine sees l before the scheduler does: its mutex
-		// publishes the fields set here.
-		l.v.sending(cfg.ttl)
-		l.extendLocked(sent, g.TTL)
-		l.armLocked()
-	}
-	return l
 }
 
 // watchLoss ends l as soon as the store says that its lock is gone, on a
@@ -131,8 +138,14 @@ func (l *Lease) Token() string { return l.token }
 // its lease ran out.
 func (l *Lease) Fence() uint64 { return l.fence }
 
-// TTL returns the lease's time to live.
-func (l *Lease) TTL() time.Duration { return l.ttl }
+// TTL returns the lease's time to live: the TTL it asks the store for when
+// it renews, shorter than the one asked for at acquisition only if the
+// store said it keeps the lock a shorter time.
+func (l *Lease) TTL() time.Duration {
+	l.mu.Lock()
+	defer l.unlock()
+	return l.v.ttl
+}
 
 // Deadline returns when the lease stops being valid unless renewed: the send
 // time of the last successful acquire or renew request, plus the TTL, minus
@@ -263,7 +276,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		// request was out): the store may still hold the lock. Send the
 		// release again in the background rather than leave the key
 		// blocked for the rest of its TTL (see releaseUntilKnown).
-		l.c.cleanup(ctx, l.key, l.token, l.ttl, false)
+		l.c.cleanup(ctx, l.key, l.token, l.TTL(), false)
 		return wrap("release", l.key, err)
 	}
 }
@@ -271,7 +284,7 @@ func (l *Lease) Release(ctx context.Context) error {
 // releaseInBackground releases a lease nobody will use, bounded by its TTL.
 func (l *Lease) releaseInBackground() {
 	if !l.c.background(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), max(l.ttl, time.Second))
+		ctx, cancel := context.WithTimeout(context.Background(), max(l.TTL(), time.Second))
 		defer cancel()
 		l.Release(ctx)
 	}) {
@@ -318,15 +331,15 @@ func (l *Lease) unlock() {
 // checkDeadlineLocked ends the lease as lost if its deadline has passed, and
 // reports whether it did.
 func (l *Lease) checkDeadlineLocked() bool {
-	if l.state != stateHeld || l.clock.Until(l.v.deadline) > 0 {
+	if l.state != stateHeld || !l.v.expired(l.clock.Now()) {
 		return false
 	}
 	var err error
 	switch {
-	case l.capped:
+	case l.wd.capped:
 		err = fmt.Errorf("%w: maximum hold time %v reached", ErrLost, l.maxHold)
-	case l.lastErr != nil:
-		err = fmt.Errorf("%w: validity deadline passed without a successful renewal (last renewal error: %w)", ErrLost, l.lastErr)
+	case l.wd.lastErr != nil:
+		err = fmt.Errorf("%w: validity deadline passed without a successful renewal (last renewal error: %w)", ErrLost, l.wd.lastErr)
 	case l.autoRenew:
 		err = fmt.Errorf("%w: validity deadline passed before a renewal completed", ErrLost)
 	default:
@@ -353,8 +366,8 @@ func (l *Lease) endLocked(st leaseState, err error) {
 		l.passTurn()
 	}
 	l.sched.cancel(l)
-	if l.cancel != nil {
-		l.cancel()
+	if l.wd.cancel != nil {
+		l.wd.cancel()
 	}
 	if l.done == nil {
 		l.done = closedChan

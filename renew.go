@@ -9,6 +9,19 @@ import (
 	"github.com/distlock/lock/clock"
 )
 
+// watchdog is a lease's automatic renewal state, guarded by the lease's
+// mutex. The lease's scheduler (scheduler.go) calls tick when the next
+// renewal or the deadline is due, whichever comes first; tick decides,
+// and watchdogRenew renews. Its settings (Lease.autoRenew, Lease.maxHold)
+// are fixed when the lease is made.
+type watchdog struct {
+	renewAt  time.Time          // when the next automatic renewal is due
+	renewing bool               // an automatic renewal is in flight
+	cancel   context.CancelFunc // of the automatic renewal in flight
+	capped   bool               // stopped at the maximum hold time
+	lastErr  error              // the last failed renewal, automatic or not; nil after a success
+}
+
 // renew is Renew, and the watchdog's renewal: one renew request, whose
 // outcome moves the deadline or ends the lease.
 func (l *Lease) renew(ctx context.Context) error {
@@ -22,8 +35,7 @@ func (l *Lease) renew(ctx context.Context) error {
 		l.unlock()
 		return wrap("renew", l.key, err)
 	}
-	ttl := l.ttl
-	l.v.sending(ttl)
+	ttl := l.v.send()
 	sent := l.clock.Now()
 	l.unlock()
 
@@ -36,7 +48,7 @@ func (l *Lease) renew(ctx context.Context) error {
 		if err == nil && l.state == stateLost {
 			// The store extended a lock this client already gave up:
 			// free it rather than block the key for another TTL.
-			l.c.cleanup(ctx, l.key, l.token, l.ttl, false)
+			l.c.cleanup(ctx, l.key, l.token, l.v.ttl, false)
 		}
 		return wrap("renew", l.key, l.err)
 	}
@@ -45,30 +57,34 @@ func (l *Lease) renew(ctx context.Context) error {
 			l.endLocked(stateLost, fmt.Errorf("%w: the store no longer holds it for this owner: %w", ErrLost, err))
 			return wrap("renew", l.key, l.err)
 		}
-		l.lastErr = err
+		l.wd.lastErr = err
 		return wrap("renew", l.key, err)
 	}
-	l.lastErr = nil
+	l.wd.lastErr = nil
 	l.extendLocked(sent, g.TTL)
 	return nil
 }
 
 // extendLocked moves the deadline and the next automatic renewal after a
-// successful request sent at sent, granted for granted (0: as asked).
+// successful request sent at sent, granted for granted (0: as asked; a
+// shorter TTL shortens the lease's, see validity.confirm).
 func (l *Lease) extendLocked(sent time.Time, granted time.Duration) {
-	if granted > 0 && granted < l.ttl {
-		l.ttl = granted // the store shortened the TTL: trust the shorter one
-	}
 	l.v.confirm(sent, granted)
-	l.renewAt = sent.Add(l.ttl / 3)
+	l.planRenewalLocked(sent)
+}
+
+// planRenewalLocked sets the next automatic renewal a third of the TTL
+// after sent, the send time of the request that set the deadline.
+func (l *Lease) planRenewalLocked(sent time.Time) {
+	l.wd.renewAt = sent.Add(l.v.ttl / 3)
 }
 
 // armLocked schedules the next tick: the automatic renewal or the deadline,
 // whichever comes first.
 func (l *Lease) armLocked() {
 	next := l.v.deadline
-	if l.mayRenewLocked() && l.renewAt.Before(next) {
-		next = l.renewAt
+	if l.mayRenewLocked() && l.wd.renewAt.Before(next) {
+		next = l.wd.renewAt
 	}
 	l.sched.schedule(l, next)
 }
@@ -76,7 +92,7 @@ func (l *Lease) armLocked() {
 // mayRenewLocked reports whether the watchdog may start a renewal now (when
 // renewAt has come): otherwise only the deadline is scheduled.
 func (l *Lease) mayRenewLocked() bool {
-	return l.autoRenew && !l.renewing && !l.capped && !l.c.closed.Load() && !l.handingOver()
+	return l.autoRenew && !l.wd.renewing && !l.wd.capped && !l.c.closed.Load() && !l.handingOver()
 }
 
 // tick runs when the lease is due in its scheduler, on the scheduler's
@@ -93,16 +109,16 @@ func (l *Lease) tick() bool {
 		return false
 	}
 	now := l.clock.Now()
-	if !l.mayRenewLocked() || now.Before(l.renewAt) {
+	if !l.mayRenewLocked() || now.Before(l.wd.renewAt) {
 		l.armLocked() // woke early, or nothing to do before the deadline
 		return false
 	}
-	if l.maxHold > 0 && now.Add(l.ttl).After(l.acquired.Add(l.maxHold)) {
-		l.capped = true
+	if l.maxHold > 0 && now.Add(l.v.ttl).After(l.acquired.Add(l.maxHold)) {
+		l.wd.capped = true
 		l.armLocked()
 		return false
 	}
-	l.renewing = true
+	l.wd.renewing = true
 	l.armLocked() // guard the deadline while the renewal runs
 	return true
 }
@@ -111,7 +127,7 @@ func (l *Lease) tick() bool {
 func (l *Lease) watchdogRenew() {
 	l.mu.Lock()
 	if l.state != stateHeld {
-		l.renewing = false
+		l.wd.renewing = false
 		l.unlock()
 		return
 	}
@@ -121,7 +137,7 @@ func (l *Lease) watchdogRenew() {
 		// up then too.
 		ctx, cancel = context.WithDeadline(context.Background(), l.v.deadline)
 	}
-	l.cancel = cancel
+	l.wd.cancel = cancel
 	l.unlock()
 
 	err := l.renew(ctx)
@@ -129,16 +145,16 @@ func (l *Lease) watchdogRenew() {
 
 	l.mu.Lock()
 	defer l.unlock()
-	l.renewing = false
-	l.cancel = nil
+	l.wd.renewing = false
+	l.wd.cancel = nil
 	if l.state != stateHeld {
 		return
 	}
 	if err != nil {
 		// Retry soon, while the lease is still valid.
 		now := l.clock.Now()
-		wait := min(l.ttl/3, l.v.deadline.Sub(now)/3)
-		l.renewAt = now.Add(max(wait, time.Millisecond))
+		wait := min(l.v.ttl/3, l.v.remaining(now)/3)
+		l.wd.renewAt = now.Add(max(wait, time.Millisecond))
 	}
 	l.armLocked()
 }

@@ -201,16 +201,16 @@ func init() {
 		"\t\t\tg, err = c.b.Acquire(ctx, key, token, cfg.ttl)\n\t\t}\n",
 		"\t\t\tg, err = c.b.Acquire(ctx, key, token, cfg.ttl)\n\t\t}\n\t\tsent = cfg.clock.Now()\n")
 	// No drift allowance.
-	lib("zero-drift", "lease.go", "validity{drift: cfg.driftFor(ttl)}", "validity{drift: 0}")
+	lib("zero-drift", "validity.go", "validity{ttl: ttl, drift: cfg.driftFor(ttl)}", "validity{ttl: ttl, drift: 0}")
 	// A renewal's deadline counted with the client's default TTL, not the
 	// lease's.
 	lib("renew-longer-ttl", "renew.go",
-		"\tl.lastErr = nil\n\tl.extendLocked(sent, g.TTL)\n",
-		"\tl.lastErr = nil\n\tl.extendLocked(sent, g.TTL)\n\tl.v.minTTL = max(l.v.minTTL, l.c.cfg.ttl)\n\tl.v.update()\n")
+		"\tl.wd.lastErr = nil\n\tl.extendLocked(sent, g.TTL)\n",
+		"\tl.wd.lastErr = nil\n\tl.extendLocked(sent, g.TTL)\n\tl.v.shortestSent = max(l.v.shortestSent, l.c.cfg.ttl)\n\tl.v.update()\n")
 	// A renewal of unknown outcome extends the deadline.
 	lib("unknown-renew-is-success", "renew.go",
-		"\t\tl.lastErr = err\n\t\treturn wrap(\"renew\", l.key, err)\n",
-		"\t\tl.lastErr = err\n\t\tl.extendLocked(sent, g.TTL)\n\t\treturn wrap(\"renew\", l.key, err)\n")
+		"\t\tl.wd.lastErr = err\n\t\treturn wrap(\"renew\", l.key, err)\n",
+		"\t\tl.wd.lastErr = err\n\t\tl.extendLocked(sent, g.TTL)\n\t\treturn wrap(\"renew\", l.key, err)\n")
 	// 16-bit owner tokens.
 	lib("short-tokens", "client.go",
 		"func newToken() string {\n",

@@ -45,8 +45,8 @@ var libFlaws = map[string]struct {
 	// A handover of unknown outcome ends the new lease but frees neither
 	// token.
 	"handover-unknown-keeps": {flawpatch.Edit{File: "handover.go",
-		Old: "\t\tl.c.cleanup(ctx, l.key, from, l.ttl, false)\n",
-		New: "\t\treturn\n\t\tl.c.cleanup(ctx, l.key, from, l.ttl, false)\n",
+		Old: "\t\tl.c.cleanup(ctx, l.key, from, l.v.ttl, false)\n",
+		New: "\t\treturn\n\t\tl.c.cleanup(ctx, l.key, from, l.v.ttl, false)\n",
 	}, "HandoverFails"},
 }
 
