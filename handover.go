@@ -43,15 +43,13 @@ func (c *Client) handed(ctx context.Context, q backend.Queue, key string, cfg *c
 	}
 	now := cfg.clock.Now()
 	sent := now.Add(-time.Since(h.Since))
-	l := c.newLease(key, h.Token, cfg, sent, h.Grant)
-	if !l.Deadline().After(now) {
-		l.leftTurn.Store(true) // the call keeps the client's turn: it goes on
-		l.mu.Lock()
-		l.endLocked(stateLost, fmt.Errorf("%w: handed over with no validity left", ErrLost))
-		l.unlock()
+	if v := grantValidity(cfg, sent, h.Grant); v.expired(now) {
+		// Handed over with no validity left: no lease, and the call
+		// keeps the client's turn: it goes on.
 		delete(refused, h.Token)
 		return nil, nil
 	}
+	l := c.newLease(key, h.Token, cfg, sent, h.Grant)
 	c.watchLoss(l)
 	return l, nil
 }

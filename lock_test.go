@@ -1134,6 +1134,28 @@ func TestHandedLocks(t *testing.T) {
 		t.Error("the stale handover was released: the place goes on with its lease, and a release could take it down")
 	}
 	q.mu.Unlock()
+	// The waiter kept the client's turn for the key: another goroutine of
+	// the client waits for it in the process, and asks the store nothing.
+	octx, ocancel := context.WithCancel(ctx)
+	other := make(chan error, 1)
+	go func() {
+		_, err := c.Acquire(octx, "k")
+		other <- err
+	}()
+	until(t, "the other goroutine to wait", func() bool {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return c.Waiting("k") == 1 || q.place != p
+	})
+	q.mu.Lock()
+	if q.place != p {
+		t.Error("another goroutine of the client queued on the store: the stale handover gave the client's turn away")
+	}
+	q.mu.Unlock()
+	ocancel()
+	if err := <-other; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the other goroutine's Acquire: %v; want context.Canceled", err)
+	}
 	select {
 	case r := <-got:
 		t.Fatalf("Acquire returned %v, %v on a handover with no validity left", r.l, r.err)
