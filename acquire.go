@@ -59,7 +59,7 @@ const (
 	maxSplitRetries = 64
 )
 
-func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []Option) (*Lease, error) {
+func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []Option) (lease *Lease, err error) {
 	if err := c.check(op, key, ctx); err != nil {
 		return nil, err
 	}
@@ -90,49 +90,51 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 	}
 
 	// Take this client's turn for the key first: goroutines of one client
-	// queue here instead of all asking the store.
-	queued := !c.caps.InProcess
-	if queued && wait {
-		l, err := c.local.turn(ctx, key, cfg)
-		if err != nil {
-			return nil, wrap(op, key, gaveUp(err, errLocalHolder))
+	// queue here instead of all asking the store. A store in this process
+	// queues them itself: t stays nil, no turn.
+	var t *turn
+	if !c.caps.InProcess {
+		if wait {
+			var l *Lease
+			t, l, err = c.local.waitTurn(ctx, key, cfg)
+			if err != nil {
+				return nil, wrap(op, key, gaveUp(err, errLocalHolder))
+			}
+			if l != nil {
+				return l, nil // the previous holder transferred the lock, and the turn, to us
+			}
+		} else if t = c.local.tryTurn(key); t == nil {
+			return nil, wrap(op, key, errLocalHolder)
 		}
-		if l != nil {
-			return l, nil // the previous holder transferred the lock to us
-		}
-	} else if queued && !c.local.tryTurn(key) {
-		return nil, wrap(op, key, errLocalHolder)
 	}
 	var watch backend.Watch
 	// A store that queues waiters and hands them the lock (backend.Queuer)
 	// gets this call's attempts through its place in the queue.
 	var queue backend.Queue
 	var refused map[string]bool // tokens of attempts the store queued
-	if qr, ok := c.notifier.(backend.Queuer); ok && wait && queued {
+	if qr, ok := c.notifier.(backend.Queuer); ok && wait && t != nil {
 		if q, err := qr.Queue(key); err == nil {
 			queue, watch, refused = q, q, map[string]bool{}
 		}
 	}
-	took := false
-	turnPassed := false // a cleanup passes the turn (see cleanup)
 	defer func() {
 		if watch != nil {
-			watch.Close(took)
+			watch.Close(lease != nil)
 		}
-		if queued && !took && !turnPassed {
-			c.local.pass(key) // the lease did not come: next in line
-		}
+		// The lease did not come: next in line. A lease or a cleanup
+		// that the turn was handed on to (t.handOn) passes it when it
+		// ends; this pass then does nothing.
+		t.pass()
 	}()
 	backoff := cfg.minBackoff
 	splits := 0
 	for {
 		if queue != nil {
-			l, err := c.handed(ctx, queue, key, cfg, refused)
+			l, err := c.handed(ctx, queue, key, cfg, refused, t)
 			if err != nil {
 				return nil, wrap(op, key, err)
 			}
 			if l != nil {
-				took = true
 				return l, nil
 			}
 		}
@@ -146,7 +148,6 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 		token := newToken()
 		sent := cfg.clock.Now()
 		var g backend.Grant
-		var err error
 		if queue != nil {
 			g, err = queue.Acquire(ctx, token, cfg.ttl)
 		} else {
@@ -156,11 +157,10 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 			if berr := c.brokenGrant("a grant", g.Fence, g.TTL, cfg.ttl); berr != nil {
 				// Not a lease: free whatever the store holds for the
 				// token, as after an acquire of unknown outcome.
-				turnPassed = c.cleanup(ctx, key, token, cfg.ttl, queued)
+				c.cleanup(ctx, key, token, cfg.ttl, t.handOn())
 				return nil, wrap(op, key, berr)
 			}
-			took = true
-			l := c.newLease(key, token, cfg, sent, g)
+			l := c.newLease(key, token, cfg, sent, g, t.handOn())
 			c.watchLoss(l)
 			return l, nil
 		}
@@ -184,7 +184,7 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 				// the lock. Free it in the background so nothing is
 				// left behind; this client's turn for the key passes
 				// when that ends (see cleanup).
-				turnPassed = c.cleanup(ctx, key, token, cfg.ttl, queued)
+				c.cleanup(ctx, key, token, cfg.ttl, t.handOn())
 			}
 			if cerr := ctxErr(ctx); cerr != nil && !errors.Is(err, cerr) {
 				err = errors.Join(cerr, err)

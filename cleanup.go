@@ -12,9 +12,9 @@ import (
 // that long will not answer this either; the lock then expires on its own).
 // Close waits for it.
 //
-// With turn, the cleanup also holds this client's turn for the key, and
-// passes it on when the release has ended; cleanup then reports true (the
-// caller must not pass the turn itself). Why: the next goroutine of this
+// Given a turn t (non-nil), the cleanup holds this client's turn for the
+// key, and passes it when the release has ended; at once if the client is
+// closing and the cleanup does not run. Why: the next goroutine of this
 // client could not get the lock before the release anyway if the attempt
 // was granted, and an Acquire cancelled again and again (short deadlines on
 // a slow store) would otherwise start a new attempt per cancellation while
@@ -24,15 +24,16 @@ import (
 // or one cleanup per key and client on the wire. It delays only this
 // client's own goroutines, by at most the cleanup's bound, and decides
 // nothing about who holds the lock, so it keeps every promise.
-func (c *Client) cleanup(ctx context.Context, key, token string, ttl time.Duration, turn bool) bool {
-	return c.background(func() {
+func (c *Client) cleanup(ctx context.Context, key, token string, ttl time.Duration, t *turn) {
+	started := c.background(func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(ttl, cleanupLimit))
 		defer cancel()
 		c.releaseUntilKnown(rctx, key, token)
-		if turn {
-			c.local.pass(key)
-		}
-	}) && turn
+		t.pass()
+	})
+	if !started {
+		t.pass()
+	}
 }
 
 // cleanupLimit bounds a cleanup release, and so how long Close waits for one.

@@ -30,15 +30,16 @@ import (
 // call's next attempt takes it over as a new grant (see Queue.Acquire) or,
 // should the store have lost it meanwhile, queues. A handover that breaks
 // the backend contract (brokenGrant) is not taken: its token is released
-// and the error returned.
-func (c *Client) handed(ctx context.Context, q backend.Queue, key string, cfg *config, refused map[string]bool) (*Lease, error) {
+// and the error returned. A lease it returns holds the turn t, handed on to
+// it; otherwise the call keeps t.
+func (c *Client) handed(ctx context.Context, q backend.Queue, key string, cfg *config, refused map[string]bool, t *turn) (*Lease, error) {
 	h, ok := q.Handed()
 	if !ok || !refused[h.Token] {
 		return nil, nil
 	}
 	if err := c.brokenGrant("a handover", h.Fence, h.TTL, cfg.ttl); err != nil {
 		delete(refused, h.Token)
-		c.cleanup(ctx, key, h.Token, cfg.ttl, false) // the caller keeps the turn, and passes it
+		c.cleanup(ctx, key, h.Token, cfg.ttl, nil) // the caller keeps the turn, and passes it
 		return nil, err
 	}
 	now := cfg.clock.Now()
@@ -49,7 +50,7 @@ func (c *Client) handed(ctx context.Context, q backend.Queue, key string, cfg *c
 		delete(refused, h.Token)
 		return nil, nil
 	}
-	l := c.newLease(key, h.Token, cfg, sent, h.Grant)
+	l := c.newLease(key, h.Token, cfg, sent, h.Grant, t.handOn())
 	c.watchLoss(l)
 	return l, nil
 }
@@ -60,9 +61,10 @@ func (c *Client) handed(ctx context.Context, q backend.Queue, key string, cfg *c
 // deadline: the store keeps the lock for the previous token until then at
 // least) and now plus its own TTL less drift (the transfer, sent after now,
 // keeps it for this token from its arrival): see validity.
-func (c *Client) newHandedLease(key, token string, cfg *config, fence uint64, prev time.Time) *Lease {
+// The lease holds the turn t, which came with the lock.
+func (c *Client) newHandedLease(key, token string, cfg *config, fence uint64, prev time.Time, t *turn) *Lease {
 	start := cfg.clock.Now() // also the start of the maximum hold time
-	l := c.lease(key, token, cfg, fence, start, handedValidity(cfg, prev, start))
+	l := c.lease(key, token, cfg, fence, start, handedValidity(cfg, prev, start), t)
 	l.handover = make(chan struct{})
 	// No other goroutine sees l before the scheduler does: its mutex
 	// publishes the fields set here. Only the deadline is scheduled until
@@ -139,8 +141,7 @@ func (l *Lease) transferToNext(ctx context.Context) (bool, error) {
 	l.unlock()
 	sameClock := l.sched == c.sched && w.cfg.clockID == c.cfg.clockID
 	if reserved > 0 && sameClock && left >= ttl/handoverMargin && left >= w.cfg.ttl/handoverMargin {
-		next := c.newHandedLease(l.key, w.token, w.cfg, reserved, deadline)
-		l.leftTurn.Store(true) // the turn goes with the lock
+		next := c.newHandedLease(l.key, w.token, w.cfg, reserved, deadline, l.turn.handOn()) // the turn goes with the lock
 		// Start the transfer before waking the next holder: the
 		// goroutine woken last runs first, and that should be the
 		// holder. The transfer settles the lease only once it is
@@ -161,19 +162,18 @@ func (l *Lease) transferToNext(ctx context.Context) (bool, error) {
 			// Not a lease: free what the store may hold for w's token
 			// (w asks the store with fresh tokens), and report it with
 			// l's release, which the store may now refuse.
-			c.cleanup(ctx, l.key, w.token, w.cfg.ttl, false)
+			c.cleanup(ctx, l.key, w.token, w.cfg.ttl, nil)
 			err := l.c.b.Release(ctx, l.key, l.token)
-			l.passTurn()
+			l.turn.pass()
 			return true, wrap("release", l.key, errors.Join(berr, err))
 		}
 	}
 	switch {
 	case err == nil:
-		next := c.newLease(l.key, w.token, w.cfg, sent, backend.Grant{Fence: t.Fence, TTL: t.TTL})
+		next := c.newLease(l.key, w.token, w.cfg, sent, backend.Grant{Fence: t.Fence, TTL: t.TTL}, l.turn.handOn()) // the turn goes with the lock
 		next.mu.Lock()
 		next.next = t.Next
 		next.unlock()
-		l.leftTurn.Store(true) // the turn goes with the lock
 		if !c.local.deliver(l.key, w, next) {
 			next.releaseInBackground() // the waiter gave up meanwhile
 		}
@@ -183,13 +183,13 @@ func (l *Lease) transferToNext(ctx context.Context) (bool, error) {
 		l.mu.Lock()
 		l.err = lost
 		l.unlock()
-		l.passTurn()
+		l.turn.pass()
 		return true, wrap("release", l.key, lost)
 	case !errors.Is(err, backend.ErrTransferRefused):
 		// Unknown outcome: the store may hold the lock for w's token,
 		// which nobody will use (w asks the store with fresh tokens once
 		// it has the turn): free it, then release plainly.
-		c.cleanup(ctx, l.key, w.token, w.cfg.ttl, false)
+		c.cleanup(ctx, l.key, w.token, w.cfg.ttl, nil)
 	}
 	return false, nil // refused, or failed: release plainly
 }
@@ -243,7 +243,7 @@ func (l *Lease) settleHandover(ctx context.Context, from string, sent time.Time,
 		l.armLocked()
 	case err == nil:
 		// l ended (lost at its deadline) while the transfer was out.
-		l.c.cleanup(ctx, l.key, l.token, l.v.ttl, false)
+		l.c.cleanup(ctx, l.key, l.token, l.v.ttl, nil)
 	case errors.Is(err, ErrNotHeld):
 		if l.state == stateHeld {
 			l.endLocked(stateLost, fmt.Errorf("%w: the store no longer held the lock when it was handed over: %w", ErrLost, err))
@@ -254,8 +254,8 @@ func (l *Lease) settleHandover(ctx context.Context, from string, sent time.Time,
 		if l.state == stateHeld {
 			l.endLocked(stateLost, fmt.Errorf("%w: handing the lock over failed: %w", ErrLost, err))
 		}
-		l.c.cleanup(ctx, l.key, from, l.v.ttl, false)
-		l.c.cleanup(ctx, l.key, l.token, l.v.ttl, false)
+		l.c.cleanup(ctx, l.key, from, l.v.ttl, nil)
+		l.c.cleanup(ctx, l.key, l.token, l.v.ttl, nil)
 	}
 }
 

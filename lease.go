@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/distlock/lock/backend"
@@ -48,13 +47,15 @@ type Lease struct {
 	// The watchdog's settings (renew.go).
 	autoRenew bool
 	maxHold   time.Duration // 0: no cap
+	// turn is the Client's turn for the key, which the lease holds until
+	// it ends or hands it on with the lock; nil on an in-process store.
+	// The turn itself passes once, by its own atomic flag, whichever
+	// goroutine passes it (see turn).
+	turn *turn
 	// handover is closed when the lock, handed over ahead of the store,
 	// has reached this lease on the store (or failed to); nil for a lease
 	// the store granted before it was created (handover.go).
 	handover chan struct{}
-
-	// Atomic.
-	leftTurn atomic.Bool // the client's turn for the key was passed on
 
 	// Guarded by mu: the lease's state and everything that changes with it.
 	mu    sync.Mutex
@@ -73,10 +74,10 @@ type Lease struct {
 }
 
 // newLease returns the lease of a lock that the store granted, as g says,
-// to token for a request sent at sent that asked for cfg's TTL; its
-// watchdog is scheduled.
-func (c *Client) newLease(key, token string, cfg *config, sent time.Time, g backend.Grant) *Lease {
-	l := c.lease(key, token, cfg, g.Fence, sent, grantValidity(cfg, sent, g))
+// to token for a request sent at sent that asked for cfg's TTL; the lease
+// holds the turn t and its watchdog is scheduled.
+func (c *Client) newLease(key, token string, cfg *config, sent time.Time, g backend.Grant, t *turn) *Lease {
+	l := c.lease(key, token, cfg, g.Fence, sent, grantValidity(cfg, sent, g), t)
 	// No other goroutine sees l before the scheduler does: its mutex
 	// publishes the fields set here.
 	l.planRenewalLocked(sent)
@@ -84,9 +85,10 @@ func (c *Client) newLease(key, token string, cfg *config, sent time.Time, g back
 	return l
 }
 
-// lease returns a lease of key for token with fence, valid as v says;
-// acquired is when its acquisition began. Nothing schedules it yet.
-func (c *Client) lease(key, token string, cfg *config, fence uint64, acquired time.Time, v validity) *Lease {
+// lease returns a lease of key for token with fence, valid as v says,
+// that holds the turn t; acquired is when its acquisition began. Nothing
+// schedules it yet.
+func (c *Client) lease(key, token string, cfg *config, fence uint64, acquired time.Time, v validity, t *turn) *Lease {
 	sched := c.sched
 	if cfg.clockID != c.cfg.clockID {
 		sched = newScheduler(cfg.clock) // this call chose its own clock
@@ -101,6 +103,7 @@ func (c *Client) lease(key, token string, cfg *config, fence uint64, acquired ti
 		autoRenew: cfg.autoRenew,
 		maxHold:   cfg.maxHold,
 		sched:     sched,
+		turn:      t,
 		v:         v,
 		index:     -1,
 	}
@@ -259,7 +262,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		}
 	}
 	err := l.c.b.Release(ctx, l.key, l.token)
-	l.passTurn()
+	l.turn.pass()
 	switch {
 	case lostErr != nil:
 		return wrap("release", l.key, lostErr)
@@ -276,7 +279,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		// request was out): the store may still hold the lock. Send the
 		// release again in the background rather than leave the key
 		// blocked for the rest of its TTL (see releaseUntilKnown).
-		l.c.cleanup(ctx, l.key, l.token, l.TTL(), false)
+		l.c.cleanup(ctx, l.key, l.token, l.TTL(), nil)
 		return wrap("release", l.key, err)
 	}
 }
@@ -288,7 +291,7 @@ func (l *Lease) releaseInBackground() {
 		defer cancel()
 		l.Release(ctx)
 	}) {
-		l.passTurn() // the client is closing: the lock expires
+		l.turn.pass() // the client is closing: the lock expires
 	}
 }
 
@@ -349,21 +352,14 @@ func (l *Lease) checkDeadlineLocked() bool {
 	return true
 }
 
-// passTurn hands the client's turn for the key to its next waiting
-// goroutine, once: after the release reached the store, or on loss.
-func (l *Lease) passTurn() {
-	if !l.c.caps.InProcess && l.leftTurn.CompareAndSwap(false, true) {
-		l.c.local.pass(l.key)
-	}
-}
-
 // endLocked ends the lease, with l.mu held. Its end hooks run in unlock,
-// once the mutex is released.
+// once the mutex is released. A lost lease gives up the client's turn for
+// the key at once; a released one, once the store has been told (Release).
 func (l *Lease) endLocked(st leaseState, err error) {
 	l.state = st
 	l.err = err
 	if st == stateLost {
-		l.passTurn()
+		l.turn.pass()
 	}
 	l.sched.cancel(l)
 	if l.wd.cancel != nil {

@@ -48,7 +48,7 @@ func (l *Lease) renew(ctx context.Context) error {
 		if err == nil && l.state == stateLost {
 			// The store extended a lock this client already gave up:
 			// free it rather than block the key for another TTL.
-			l.c.cleanup(ctx, l.key, l.token, l.v.ttl, false)
+			l.c.cleanup(ctx, l.key, l.token, l.v.ttl, nil)
 		}
 		return wrap("renew", l.key, l.err)
 	}

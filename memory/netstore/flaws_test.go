@@ -34,7 +34,7 @@ var libFlaws = map[string]struct {
 	// An Acquire cancelled in the client's queue stays in it.
 	"cancel-keeps-turn": {flawpatch.Edit{File: "local.go",
 		Old: "\tcase <-ctx.Done():\n\t}\n\tsh.mu.Lock()\n",
-		New: "\tcase <-ctx.Done():\n\t}\n\treturn nil, ctx.Err()\n\tsh.mu.Lock()\n",
+		New: "\tcase <-ctx.Done():\n\t}\n\treturn nil, nil, ctx.Err()\n\tsh.mu.Lock()\n",
 	}, "CancelInQueue"},
 	// A lease handed over ahead of the store is valid until the previous
 	// holder's deadline, whatever its own TTL.
@@ -45,8 +45,8 @@ var libFlaws = map[string]struct {
 	// A handover of unknown outcome ends the new lease but frees neither
 	// token.
 	"handover-unknown-keeps": {flawpatch.Edit{File: "handover.go",
-		Old: "\t\tl.c.cleanup(ctx, l.key, from, l.v.ttl, false)\n",
-		New: "\t\treturn\n\t\tl.c.cleanup(ctx, l.key, from, l.v.ttl, false)\n",
+		Old: "\t\tl.c.cleanup(ctx, l.key, from, l.v.ttl, nil)\n",
+		New: "\t\treturn\n\t\tl.c.cleanup(ctx, l.key, from, l.v.ttl, nil)\n",
 	}, "HandoverFails"},
 }
 
