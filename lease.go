@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/distlock/lock/backend"
@@ -31,90 +30,101 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 // Err returns an error wrapping ErrLost. Stop touching the protected resource
 // then.
 type Lease struct {
-	c         *Client
-	key       string
-	token     string
-	fence     uint64
-	ttl       time.Duration
-	clock     clock.Clock
-	maxHold   time.Duration
-	acquired  time.Time // when the acquire request was sent
+	// A lease's parts live in files of their own: its deadline and TTL in
+	// validity.go, its watchdog in renew.go, the handover of its lock to
+	// the next goroutine of the Client in handover.go, and the Client's
+	// turn for the key, which it holds, in local.go. Its fields are
+	// grouped by what guards them.
+
+	// Set before the lease is shared, then only read.
+	c        *Client
+	key      string
+	token    string
+	fence    uint64
+	clock    clock.Clock
+	sched    *scheduler // runs the lease's ticks: its deadline and its watchdog
+	acquired time.Time  // when the acquisition began; WithMaxHold counts from there
+	// The watchdog's settings (renew.go).
 	autoRenew bool
-	leftTurn  atomic.Bool // the client's turn for the key was passed on
-
-	mu       sync.Mutex
-	state    leaseState
-	err      error    // why the lease ended; nil while held
-	v        validity // the deadline's one owner
-	renewAt  time.Time
-	renewing bool
-	capped   bool  // the watchdog stopped at the maximum hold time
-	lastErr  error // the last failed renewal
-	sched    *scheduler
-	due      time.Time // guarded by sched.mu
-	index    int       // in the scheduler's heap, -1 when not in it; guarded by sched.mu
-	done     chan struct{}
-	hooks    []func(error)
-	ended    []func(error)      // hooks of an end, run by unlock after the mutex is released
-	cancel   context.CancelFunc // of an automatic renewal in flight
-	next     uint64             // a fence reserved for the next holder; 0: none
-
+	maxHold   time.Duration // 0: no cap
+	// turn is the Client's turn for the key, which the lease holds until
+	// it ends or hands it on with the lock; nil on an in-process store.
+	// The turn itself passes once, by its own atomic flag, whichever
+	// goroutine passes it (see turn).
+	turn *turn
 	// handover is closed when the lock, handed over ahead of the store,
 	// has reached this lease on the store (or failed to); nil for a lease
-	// the store granted before it was created. Set before the lease is
-	// shared.
+	// the store granted before it was created (handover.go).
 	handover chan struct{}
+
+	// Guarded by mu: the lease's state and everything that changes with it.
+	mu    sync.Mutex
+	state leaseState
+	err   error         // why the lease ended; nil while held
+	v     validity      // the deadline and the TTL, and their one owner
+	wd    watchdog      // the automatic renewal (renew.go)
+	next  uint64        // a fence reserved for the next holder; 0: none (handover.go)
+	done  chan struct{} // made by Done; closed when the lease ends
+	hooks []func(error) // called once when the lease ends (onEnd)
+	ended []func(error) // hooks of an end, run by unlock after the mutex is released
+
+	// Guarded by sched.mu (scheduler.go).
+	due   time.Time // when the scheduler runs tick next
+	index int       // in the scheduler's heap; -1 when not in it
 }
 
-func (c *Client) newLease(key, token string, cfg *config, sent time.Time, g backend.Grant) *Lease {
+// newLease returns the lease of a lock that the store granted, as g says,
+// to token for a request sent at sent that asked for cfg's TTL; the lease
+// holds the turn t and its watchdog is scheduled.
+func (c *Client) newLease(key, token string, cfg *config, sent time.Time, g backend.Grant, t *turn) *Lease {
+	l := c.lease(key, token, cfg, g.Fence, sent, grantValidity(cfg, sent, g), t)
+	// No other goroutine sees l before the scheduler does: its mutex
+	// publishes the fields set here.
+	l.planRenewalLocked(sent)
+	l.armLocked()
+	return l
+}
+
+// lease returns a lease of key for token with fence, valid as v says,
+// that holds the turn t; acquired is when its acquisition began. Nothing
+// schedules it yet.
+func (c *Client) lease(key, token string, cfg *config, fence uint64, acquired time.Time, v validity, t *turn) *Lease {
 	sched := c.sched
 	if cfg.clockID != c.cfg.clockID {
 		sched = newScheduler(cfg.clock) // this call chose its own clock
 	}
-	ttl := cfg.ttl
-	if g.TTL > 0 && g.TTL < ttl {
-		ttl = g.TTL
-	}
-	l := &Lease{
+	return &Lease{
 		c:         c,
 		key:       key,
 		token:     token,
-		fence:     g.Fence,
-		ttl:       ttl,
+		fence:     fence,
 		clock:     cfg.clock,
-		maxHold:   cfg.maxHold,
-		acquired:  sent,
+		acquired:  acquired,
 		autoRenew: cfg.autoRenew,
+		maxHold:   cfg.maxHold,
 		sched:     sched,
+		turn:      t,
+		v:         v,
 		index:     -1,
-		v:         validity{drift: cfg.driftFor(ttl)},
 	}
-	if !sent.IsZero() {
-		// No other goroutine sees l before the scheduler does: its mutex
-		// publishes the fields set here.
-		l.v.sending(cfg.ttl)
-		l.extendLocked(sent, g.TTL)
-		l.armLocked()
-	}
-	return l
 }
 
-// newHandedLease returns the lease of a lock handed over ahead of the store,
-// with a reserved fence, not renewed until completeHandover has settled it.
-// Until then it is valid until the earlier of prev (the previous holder's
-// deadline: the store keeps the lock for the previous token until then at
-// least) and now plus its own TTL less drift (the transfer, sent after now,
-// keeps it for this token from its arrival): see validity.
-func (c *Client) newHandedLease(key, token string, cfg *config, fence uint64, prev time.Time) *Lease {
-	l := c.newLease(key, token, cfg, time.Time{}, backend.Grant{Fence: fence})
-	l.mu.Lock()
-	defer l.unlock()
-	l.handover = make(chan struct{})
-	l.acquired = cfg.clock.Now() // for the maximum hold time
-	l.v.inherit(prev, l.acquired, l.ttl)
-	l.renewAt = l.v.deadline
-	l.armLocked()
-	return l
+// watchLoss ends l as soon as the store says that its lock is gone, on a
+// backend that can tell (backend.LossNotifier). Ending a lease early never
+// breaks a promise; the backend only reports what the store says.
+func (c *Client) watchLoss(l *Lease) {
+	if c.loss == nil {
+		return
+	}
+	stop := c.loss.NotifyLoss(l.key, l.token, l.fence, func(err error) {
+		l.mu.Lock()
+		defer l.unlock()
+		if l.state == stateHeld {
+			// The store's word, as a renewal's ErrNotHeld would be.
+			l.endLocked(stateLost, fmt.Errorf("%w: the store says the lock is gone (%w): %w", ErrLost, ErrNotHeld, err))
+		}
+	})
+	l.onEnd(func(error) { stop() })
 }
 
 // Key returns the locked key.
@@ -131,8 +141,14 @@ func (l *Lease) Token() string { return l.token }
 // its lease ran out.
 func (l *Lease) Fence() uint64 { return l.fence }
 
-// TTL returns the lease's time to live.
-func (l *Lease) TTL() time.Duration { return l.ttl }
+// TTL returns the lease's time to live: the TTL it asks the store for when
+// it renews, shorter than the one asked for at acquisition only if the
+// store said it keeps the lock a shorter time.
+func (l *Lease) TTL() time.Duration {
+	l.mu.Lock()
+	defer l.unlock()
+	return l.v.ttl
+}
 
 // Deadline returns when the lease stops being valid unless renewed: the send
 // time of the last successful acquire or renew request, plus the TTL, minus
@@ -246,7 +262,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		}
 	}
 	err := l.c.b.Release(ctx, l.key, l.token)
-	l.passTurn()
+	l.turn.pass()
 	switch {
 	case lostErr != nil:
 		return wrap("release", l.key, lostErr)
@@ -263,194 +279,19 @@ func (l *Lease) Release(ctx context.Context) error {
 		// request was out): the store may still hold the lock. Send the
 		// release again in the background rather than leave the key
 		// blocked for the rest of its TTL (see releaseUntilKnown).
-		l.c.cleanup(ctx, l.key, l.token, l.ttl, false)
+		l.c.cleanup(ctx, l.key, l.token, l.TTL(), nil)
 		return wrap("release", l.key, err)
 	}
 }
 
-// awaitHandover waits until a lock handed over ahead of the store has
-// reached this lease on the store, or failed to.
-func (l *Lease) awaitHandover(ctx context.Context) error {
-	if l.handover == nil {
-		return nil
-	}
-	select {
-	case <-l.handover:
-		return nil
-	default:
-	}
-	select {
-	case <-l.handover:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// handoverMargin: a lease hands its lock over ahead of the store only while
-// at least this share of its TTL is left, so that the handover reaches the
-// store well within the validity the next holder starts with.
-const handoverMargin = 4 // TTL/4
-
-// transferToNext hands the lock to the next goroutine of this client waiting
-// for the key, when the backend can and no other process waits. It reports
-// whether the release is done, and its error.
-//
-// When a fence was reserved for the next holder (by the transfer that
-// brought the lock to l), the next holder starts at once, ahead of the
-// store, and the transfer goes out in the background. Why that keeps the
-// promise, whatever happens to the transfer:
-//   - Exclusion. Until the transfer lands, the store holds the lock for l's
-//     token, at least until l's deadline plus drift (l's own invariant).
-//     Once it lands, it holds it for the next token from its arrival plus
-//     the next holder's TTL, and the transfer is sent after now. So the
-//     next holder is valid until the earlier of l's deadline and now plus
-//     its TTL less drift (validity.inherit): within the store's expiry in
-//     either case, even if the transfer is lost, late, or cut off.
-//   - Fences. The reserved fence is above every fence granted so far and
-//     below every fence granted later (Transferer contract), and l held
-//     the lock when it was reserved.
-//   - Failure. If the transfer finds the lock gone, the next holder is lost
-//     at once. If its outcome is unknown, the next holder is lost at once,
-//     before anyone is told anything else, and both tokens are released
-//     (killed, on stores that order requests loosely: a late transfer to a
-//     released token is refused).
-//
-// Otherwise the transfer is one request, and the next holder starts when
-// it returns, with its deadline counted from the send; a transfer of
-// unknown outcome releases the waiter's token (the waiter asks the store
-// with fresh tokens) and l's release goes on as usual.
-func (l *Lease) transferToNext(ctx context.Context) (bool, error) {
-	c := l.c
-	if c.transfer == nil || c.caps.InProcess {
-		return false, nil
-	}
-	w := c.local.next(l.key)
-	if w == nil {
-		return false, nil
-	}
-	l.mu.Lock()
-	reserved, deadline := l.next, l.v.deadline
-	l.unlock()
-	sameClock := l.sched == c.sched && w.cfg.clockID == c.cfg.clockID
-	if left := l.clock.Until(deadline); reserved > 0 && sameClock && left >= l.ttl/handoverMargin && left >= w.cfg.ttl/handoverMargin {
-		next := c.newHandedLease(l.key, w.token, w.cfg, reserved, deadline)
-		l.leftTurn.Store(true) // the turn goes with the lock
-		// Start the transfer before waking the next holder: the
-		// goroutine woken last runs first, and that should be the
-		// holder. The transfer settles the lease only once it is
-		// delivered.
-		delivered := make(chan bool, 1)
-		complete := func() { next.completeHandover(l.token, delivered) }
-		started := c.background(complete)
-		delivered <- c.local.deliver(l.key, w, next)
-		if !started {
-			complete() // the client is closing
-		}
-		return true, nil
-	}
-	sent := w.cfg.clock.Now()
-	t, err := c.transfer.Transfer(ctx, l.key, l.token, w.token, w.cfg.ttl, backend.TransferOptions{Reserve: true})
-	if err == nil {
-		if berr := c.brokenGrant("a transfer", t.Fence, t.TTL, w.cfg.ttl); berr != nil {
-			// Not a lease: free what the store may hold for w's token
-			// (w asks the store with fresh tokens), and report it with
-			// l's release, which the store may now refuse.
-			c.cleanup(ctx, l.key, w.token, w.cfg.ttl, false)
-			err := l.c.b.Release(ctx, l.key, l.token)
-			l.passTurn()
-			return true, wrap("release", l.key, errors.Join(berr, err))
-		}
-	}
-	switch {
-	case err == nil:
-		next := c.newLease(l.key, w.token, w.cfg, sent, backend.Grant{Fence: t.Fence, TTL: t.TTL})
-		next.mu.Lock()
-		next.next = t.Next
-		next.unlock()
-		l.leftTurn.Store(true) // the turn goes with the lock
-		if !c.local.deliver(l.key, w, next) {
-			next.releaseInBackground() // the waiter gave up meanwhile
-		}
-		return true, nil
-	case errors.Is(err, ErrNotHeld):
-		lost := fmt.Errorf("%w: the store no longer held it at release: %w", ErrLost, err)
-		l.mu.Lock()
-		l.err = lost
-		l.unlock()
-		l.passTurn()
-		return true, wrap("release", l.key, lost)
-	case !errors.Is(err, backend.ErrTransferRefused):
-		// Unknown outcome: the store may hold the lock for w's token,
-		// which nobody will use (w asks the store with fresh tokens once
-		// it has the turn): free it, then release plainly.
-		c.cleanup(ctx, l.key, w.token, w.cfg.ttl, false)
-	}
-	return false, nil // refused, or failed: release plainly
-}
-
-// completeHandover sends the transfer of a lock handed over ahead of the
-// store, from the previous holder's token to l's, and settles l with the
-// outcome once delivered says whether a waiting goroutine took l; when none
-// did, it releases l. It runs in the background.
-func (l *Lease) completeHandover(from string, delivered <-chan bool) {
-	l.mu.Lock()
-	deadline := l.v.deadline
-	l.unlock()
-	ctx, cancel := context.WithCancel(context.Background())
-	if clock.IsReal(l.clock) {
-		ctx, cancel = context.WithDeadline(context.Background(), deadline)
-	}
-	defer cancel()
-	sent := l.clock.Now()
-	t, err := l.c.transfer.Transfer(ctx, l.key, from, l.token, l.ttl, backend.TransferOptions{Fence: l.fence, Reserve: true})
-	took := <-delivered
-	l.settleHandover(ctx, from, sent, t, err)
-	close(l.handover)
-	l.mu.Lock()
-	if l.state == stateHeld {
-		l.armLocked() // the watchdog may renew from now on
-	}
-	l.unlock()
-	if !took { // the waiter gave up meanwhile
-		rctx, rcancel := context.WithTimeout(context.Background(), max(l.ttl, time.Second))
-		defer rcancel()
-		l.Release(rctx)
-	}
-}
-
-// settleHandover applies the outcome of a handover's transfer to l.
-func (l *Lease) settleHandover(ctx context.Context, from string, sent time.Time, t backend.Transferred, err error) {
-	l.mu.Lock()
-	defer l.unlock()
-	l.checkDeadlineLocked()
-	if err == nil {
-		if berr := l.c.brokenGrant("a transfer", t.Fence, t.TTL, l.ttl); berr == nil && t.Fence != l.fence {
-			err = fmt.Errorf("%w: %T reported a transfer with fence %d, not the fence %d reserved for it", ErrBackendContract, l.c.b, t.Fence, l.fence)
-		} else if berr != nil {
-			err = berr // handled as a transfer of unknown outcome
-		}
-	}
-	switch {
-	case err == nil && l.state == stateHeld:
-		l.next = t.Next
-		l.extendLocked(sent, t.TTL)
-		l.armLocked()
-	case err == nil:
-		// l ended (lost at its deadline) while the transfer was out.
-		l.c.cleanup(ctx, l.key, l.token, l.ttl, false)
-	case errors.Is(err, ErrNotHeld):
-		if l.state == stateHeld {
-			l.endLocked(stateLost, fmt.Errorf("%w: the store no longer held the lock when it was handed over: %w", ErrLost, err))
-		}
-	default:
-		// Unknown outcome: the store holds the lock for from or for l.
-		// Tell l's holder first, then free both.
-		if l.state == stateHeld {
-			l.endLocked(stateLost, fmt.Errorf("%w: handing the lock over failed: %w", ErrLost, err))
-		}
-		l.c.cleanup(ctx, l.key, from, l.ttl, false)
-		l.c.cleanup(ctx, l.key, l.token, l.ttl, false)
+// releaseInBackground releases a lease nobody will use, bounded by its TTL.
+func (l *Lease) releaseInBackground() {
+	if !l.c.background(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), max(l.TTL(), time.Second))
+		defer cancel()
+		l.Release(ctx)
+	}) {
+		l.turn.pass() // the client is closing: the lock expires
 	}
 }
 
@@ -490,164 +331,18 @@ func (l *Lease) unlock() {
 	}
 }
 
-func (l *Lease) renew(ctx context.Context) error {
-	if err := l.awaitHandover(ctx); err != nil {
-		return wrap("renew", l.key, err)
-	}
-	l.mu.Lock()
-	l.checkDeadlineLocked()
-	if l.state != stateHeld {
-		err := l.err
-		l.unlock()
-		return wrap("renew", l.key, err)
-	}
-	ttl := l.ttl
-	l.v.sending(ttl)
-	sent := l.clock.Now()
-	l.unlock()
-
-	g, err := l.c.b.Renew(ctx, l.key, l.token, ttl)
-
-	l.mu.Lock()
-	defer l.unlock()
-	l.checkDeadlineLocked()
-	if l.state != stateHeld {
-		if err == nil && l.state == stateLost {
-			// The store extended a lock this client already gave up:
-			// free it rather than block the key for another TTL.
-			l.c.cleanup(ctx, l.key, l.token, l.ttl, false)
-		}
-		return wrap("renew", l.key, l.err)
-	}
-	if err != nil {
-		if errors.Is(err, ErrNotHeld) {
-			l.endLocked(stateLost, fmt.Errorf("%w: the store no longer holds it for this owner: %w", ErrLost, err))
-			return wrap("renew", l.key, l.err)
-		}
-		l.lastErr = err
-		return wrap("renew", l.key, err)
-	}
-	l.lastErr = nil
-	l.extendLocked(sent, g.TTL)
-	return nil
-}
-
-// extendLocked moves the deadline and the next automatic renewal after a
-// successful request sent at sent, granted for granted (0: as asked).
-func (l *Lease) extendLocked(sent time.Time, granted time.Duration) {
-	if granted > 0 && granted < l.ttl {
-		l.ttl = granted // the store shortened the TTL: trust the shorter one
-	}
-	l.v.confirm(sent, granted)
-	l.renewAt = sent.Add(l.ttl / 3)
-}
-
-// armLocked schedules the next tick: the automatic renewal or the deadline,
-// whichever comes first.
-func (l *Lease) armLocked() {
-	next := l.v.deadline
-	if l.mayRenewLocked() && l.renewAt.Before(next) {
-		next = l.renewAt
-	}
-	l.sched.schedule(l, next)
-}
-
-// mayRenewLocked reports whether the watchdog may start a renewal now (when
-// renewAt has come): otherwise only the deadline is scheduled.
-func (l *Lease) mayRenewLocked() bool {
-	return l.autoRenew && !l.renewing && !l.capped && !l.c.closed.Load() && !l.handingOver()
-}
-
-// tick runs when the lease is due in its scheduler, on the scheduler's
-// goroutine: it checks the deadline and decides whether an automatic
-// renewal is due, and never waits for the network, so that however many
-// leases fall due together (after a process pause, say) each one's lost
-// signal comes on time. It reports whether the caller should run
-// watchdogRenew, which it has then marked as running. A tick with nothing due
-// (the deadline moved) schedules the lease again.
-func (l *Lease) tick() bool {
-	l.mu.Lock()
-	defer l.unlock()
-	if l.state != stateHeld || l.checkDeadlineLocked() {
-		return false
-	}
-	now := l.clock.Now()
-	if !l.mayRenewLocked() || now.Before(l.renewAt) {
-		l.armLocked() // woke early, or nothing to do before the deadline
-		return false
-	}
-	if l.maxHold > 0 && now.Add(l.ttl).After(l.acquired.Add(l.maxHold)) {
-		l.capped = true
-		l.armLocked()
-		return false
-	}
-	l.renewing = true
-	l.armLocked() // guard the deadline while the renewal runs
-	return true
-}
-
-// watchdogRenew runs the automatic renewal that tick marked as running.
-func (l *Lease) watchdogRenew() {
-	l.mu.Lock()
-	if l.state != stateHeld {
-		l.renewing = false
-		l.unlock()
-		return
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if clock.IsReal(l.clock) {
-		// Past the deadline the renewal is useless: let the backend give
-		// up then too.
-		ctx, cancel = context.WithDeadline(context.Background(), l.v.deadline)
-	}
-	l.cancel = cancel
-	l.unlock()
-
-	err := l.renew(ctx)
-	cancel()
-
-	l.mu.Lock()
-	defer l.unlock()
-	l.renewing = false
-	l.cancel = nil
-	if l.state != stateHeld {
-		return
-	}
-	if err != nil {
-		// Retry soon, while the lease is still valid.
-		now := l.clock.Now()
-		wait := min(l.ttl/3, l.v.deadline.Sub(now)/3)
-		l.renewAt = now.Add(max(wait, time.Millisecond))
-	}
-	l.armLocked()
-}
-
-// handingOver reports whether the lock is still on its way to l on the
-// store; completeHandover then settles and schedules l.
-func (l *Lease) handingOver() bool {
-	if l.handover == nil {
-		return false
-	}
-	select {
-	case <-l.handover:
-		return false
-	default:
-		return true
-	}
-}
-
 // checkDeadlineLocked ends the lease as lost if its deadline has passed, and
 // reports whether it did.
 func (l *Lease) checkDeadlineLocked() bool {
-	if l.state != stateHeld || l.clock.Until(l.v.deadline) > 0 {
+	if l.state != stateHeld || !l.v.expired(l.clock.Now()) {
 		return false
 	}
 	var err error
 	switch {
-	case l.capped:
+	case l.wd.capped:
 		err = fmt.Errorf("%w: maximum hold time %v reached", ErrLost, l.maxHold)
-	case l.lastErr != nil:
-		err = fmt.Errorf("%w: validity deadline passed without a successful renewal (last renewal error: %w)", ErrLost, l.lastErr)
+	case l.wd.lastErr != nil:
+		err = fmt.Errorf("%w: validity deadline passed without a successful renewal (last renewal error: %w)", ErrLost, l.wd.lastErr)
 	case l.autoRenew:
 		err = fmt.Errorf("%w: validity deadline passed before a renewal completed", ErrLost)
 	default:
@@ -657,25 +352,18 @@ func (l *Lease) checkDeadlineLocked() bool {
 	return true
 }
 
-// passTurn hands the client's turn for the key to its next waiting
-// goroutine, once: after the release reached the store, or on loss.
-func (l *Lease) passTurn() {
-	if !l.c.caps.InProcess && l.leftTurn.CompareAndSwap(false, true) {
-		l.c.local.pass(l.key)
-	}
-}
-
 // endLocked ends the lease, with l.mu held. Its end hooks run in unlock,
-// once the mutex is released.
+// once the mutex is released. A lost lease gives up the client's turn for
+// the key at once; a released one, once the store has been told (Release).
 func (l *Lease) endLocked(st leaseState, err error) {
 	l.state = st
 	l.err = err
 	if st == stateLost {
-		l.passTurn()
+		l.turn.pass()
 	}
 	l.sched.cancel(l)
-	if l.cancel != nil {
-		l.cancel()
+	if l.wd.cancel != nil {
+		l.wd.cancel()
 	}
 	if l.done == nil {
 		l.done = closedChan

@@ -4,7 +4,7 @@ import (
 	"container/list"
 	"context"
 	"sync"
-	"time"
+	"sync/atomic"
 )
 
 // localQueue keeps the goroutines of one Client that want the same key in
@@ -61,22 +61,27 @@ func (sh *localShard) takeLocked(key string) bool {
 	return true
 }
 
-// tryTurn takes the key's turn if nobody of this Client has it.
-func (q *localQueue) tryTurn(key string) bool {
+// tryTurn takes the key's turn if nobody of this Client has it, and
+// returns it; nil when somebody has it.
+func (q *localQueue) tryTurn(key string) *turn {
 	sh := q.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	return sh.takeLocked(key)
+	if !sh.takeLocked(key) {
+		return nil
+	}
+	return &turn{q: q, key: key}
 }
 
-// turn waits for the key's turn, or for the end of ctx. It returns a lease
-// when the previous holder transferred the lock to token.
-func (q *localQueue) turn(ctx context.Context, key string, cfg *config) (*Lease, error) {
+// waitTurn waits for the key's turn, or for the end of ctx, and returns
+// the turn; or, when the previous holder transferred the lock to this
+// goroutine, a lease, which holds the turn.
+func (q *localQueue) waitTurn(ctx context.Context, key string, cfg *config) (*turn, *Lease, error) {
 	sh := q.shard(key)
 	sh.mu.Lock()
 	if sh.takeLocked(key) {
 		sh.mu.Unlock()
-		return nil, nil
+		return &turn{q: q, key: key}, nil, nil
 	}
 	k := sh.keys[key]
 	if k == nil {
@@ -90,7 +95,10 @@ func (q *localQueue) turn(ctx context.Context, key string, cfg *config) (*Lease,
 
 	select {
 	case l := <-w.ch:
-		return l, nil
+		if l != nil {
+			return nil, l, nil
+		}
+		return &turn{q: q, key: key}, nil, nil
 	case <-ctx.Done():
 	}
 	sh.mu.Lock()
@@ -98,7 +106,7 @@ func (q *localQueue) turn(ctx context.Context, key string, cfg *config) (*Lease,
 		k.waiters.Remove(w.elem)
 		w.elem = nil
 		sh.mu.Unlock()
-		return nil, ctx.Err()
+		return nil, nil, ctx.Err()
 	}
 	sh.mu.Unlock()
 	// The turn, or a lease, came as ctx ended: give it back.
@@ -107,7 +115,7 @@ func (q *localQueue) turn(ctx context.Context, key string, cfg *config) (*Lease,
 	} else {
 		q.pass(key)
 	}
-	return nil, ctx.Err()
+	return nil, nil, ctx.Err()
 }
 
 // waiting returns how many goroutines wait for key's turn.
@@ -150,6 +158,8 @@ func (q *localQueue) deliver(key string, w *localWaiter, l *Lease) bool {
 }
 
 // pass gives the key's turn to the longest-waiting goroutine, or frees it.
+// Outside this file the turn passes through its holder's turn value
+// (turn.pass), which passes it at most once.
 func (q *localQueue) pass(key string) {
 	sh := q.shard(key)
 	sh.mu.Lock()
@@ -166,13 +176,50 @@ func (q *localQueue) pass(key string) {
 	delete(sh.keys, key)
 }
 
-// releaseInBackground releases a lease nobody will use, bounded by its TTL.
-func (l *Lease) releaseInBackground() {
-	if !l.c.background(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), max(l.ttl, time.Second))
-		defer cancel()
-		l.Release(ctx)
-	}) {
-		l.passTurn() // the client is closing: the lock expires
+// turn is one holder's hold on its Client's turn for a key (see
+// localQueue). The holders, in order:
+//
+//   - the acquisition (Acquire, TryAcquire), which takes the turn
+//     (tryTurn, waitTurn) and passes it when it returns without a lease,
+//     unless it handed the turn on to
+//   - the lease it returns, which passes the turn when it ends: lost, or
+//     released once the store has answered the release (or at once when
+//     the release cannot run because the Client is closing); or
+//   - the cleanup of an attempt of unknown outcome (or of a grant that
+//     broke the backend contract), which passes the turn when its release
+//     has ended (at once when the Client is closing);
+//   - and when a lease hands its lock to the next goroutine of the Client
+//     (Lease.transferToNext), the turn goes on with the lock to that
+//     goroutine's lease, which comes to its acquisition with the turn.
+//
+// Each move makes a new value for the new holder (handOn) and spends the
+// old one, so a holder can call pass whenever it is done, whether or not
+// it handed the turn on, and the turn passes once, from its last holder.
+//
+// A nil *turn is no turn: on a backend whose store runs in this process
+// (Capabilities.InProcess) acquisitions take none, and pass and handOn do
+// nothing.
+type turn struct {
+	q     *localQueue
+	key   string
+	spent atomic.Bool // passed, or handed on to a new holder
+}
+
+// pass gives the turn to the longest-waiting goroutine of the Client for
+// the key, or frees it, unless t is spent: only the first call of pass or
+// handOn on a turn value counts.
+func (t *turn) pass() {
+	if t != nil && t.spent.CompareAndSwap(false, true) {
+		t.q.pass(t.key)
 	}
+}
+
+// handOn moves the turn to a new holder without giving it up (the queue
+// never sees it free): it spends t and returns the new holder's value. It
+// returns nil, no turn, when t is nil or spent.
+func (t *turn) handOn() *turn {
+	if t == nil || !t.spent.CompareAndSwap(false, true) {
+		return nil
+	}
+	return &turn{q: t.q, key: t.key}
 }

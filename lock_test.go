@@ -523,6 +523,71 @@ func TestConcurrentLeaseMethods(t *testing.T) {
 	wg.Wait()
 }
 
+// shortRenew renews every lock for half the TTL asked for, and says so in
+// its grant.
+type shortRenew struct{ backend.Backend }
+
+func (s shortRenew) Renew(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
+	return s.Backend.Renew(ctx, key, token, ttl/2)
+}
+
+// A renewal the store grants for less than asked shortens the lease's TTL
+// and deadline, and TTL reads it safely while the renewal runs.
+func TestRenewalGrantedShorterShortensTheTTL(t *testing.T) {
+	const ttl = 2 * time.Second
+	c, err := lock.New(shortRenew{memory.New()}, lock.WithTTL(ttl), lock.WithAutoRenew(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	l, err := c.TryAcquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+	// Another goroutine reads the TTL until it sees the renewal's.
+	started := make(chan struct{})
+	stop := make(chan struct{})
+	seen := make(chan time.Duration, 1)
+	go func() {
+		first := l.TTL()
+		close(started)
+		for {
+			if d := l.TTL(); d != first {
+				seen <- d
+				return
+			}
+			select {
+			case <-stop:
+				seen <- first
+				return
+			default:
+			}
+		}
+	}()
+	<-started
+	sent := time.Now()
+	if err := l.Renew(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case d := <-seen:
+		if d != ttl/2 {
+			t.Errorf("another goroutine read the TTL %v after the renewal; want %v", d, ttl/2)
+		}
+	case <-time.After(5 * time.Second):
+		close(stop)
+		t.Errorf("another goroutine still read the TTL %v after the renewal; want %v", <-seen, ttl/2)
+	}
+	if got := l.TTL(); got != ttl/2 {
+		t.Errorf("TTL %v after a renewal granted for %v; want %v", got, ttl/2, ttl/2)
+	}
+	if dl := l.Deadline(); dl.After(sent.Add(ttl / 2)) {
+		t.Errorf("deadline %v after the renewal's send; want at most the %v it was granted for", dl.Sub(sent), ttl/2)
+	}
+}
+
 // grantThenFail grants the lock on the store but reports a timeout, as when a
 // reply is lost on the way back: the outcome is unknown to the client.
 type grantThenFail struct{ backend.Backend }
@@ -1069,6 +1134,28 @@ func TestHandedLocks(t *testing.T) {
 		t.Error("the stale handover was released: the place goes on with its lease, and a release could take it down")
 	}
 	q.mu.Unlock()
+	// The waiter kept the client's turn for the key: another goroutine of
+	// the client waits for it in the process, and asks the store nothing.
+	octx, ocancel := context.WithCancel(ctx)
+	other := make(chan error, 1)
+	go func() {
+		_, err := c.Acquire(octx, "k")
+		other <- err
+	}()
+	until(t, "the other goroutine to wait", func() bool {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return c.Waiting("k") == 1 || q.place != p
+	})
+	q.mu.Lock()
+	if q.place != p {
+		t.Error("another goroutine of the client queued on the store: the stale handover gave the client's turn away")
+	}
+	q.mu.Unlock()
+	ocancel()
+	if err := <-other; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the other goroutine's Acquire: %v; want context.Canceled", err)
+	}
 	select {
 	case r := <-got:
 		t.Fatalf("Acquire returned %v, %v on a handover with no validity left", r.l, r.err)

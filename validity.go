@@ -2,10 +2,15 @@ package lock
 
 import (
 	"time"
+
+	"github.com/distlock/lock/backend"
 )
 
-// validity is the one owner of a lease's deadline: every change of it
-// passes through the three methods below, and nothing else writes it.
+// validity is the one owner of a lease's deadline and of its TTL: every
+// change of them passes through the methods below, and nothing else writes
+// them. It is guarded by the lease's mutex. The lease asks it whether it has
+// expired (expired) and how long it has left (remaining); it never works
+// that out from the deadline itself.
 //
 // The invariant, kept here and nowhere else: the deadline is never later
 // than the earliest moment at which the store may free the lock held for
@@ -22,35 +27,96 @@ import (
 //
 //	(latest send of a confirmed request) + (shortest TTL of any request sent)
 //
-// which is what deadline returns, minus drift. A request with a shorter
+// which is what the deadline is, minus drift. A request with a shorter
 // TTL than any before lowers the bound the moment it is sent (sending),
 // before its reply, because it may already have arrived. A lock handed
 // over ahead of the store (see Lease.transferToNext) is also bounded by the
 // previous holder's deadline until the transfer is confirmed: until then
 // the store holds the lock for the previous token, and the transfer, once
 // it lands, holds it for this token from its arrival.
+//
+// The TTL is kept twice, under two names, on purpose: ttl is what the
+// lease asks the store for (its renewals, a handover's transfer, and
+// Lease.TTL), and shortestSent is the bound above, the shortest TTL of any
+// request sent for the token, whoever sent it (the acquire that asked for
+// cfg's TTL before the lease existed, say). They are equal once a request
+// has been sent, because the lease only ever asks for ttl, which starts at
+// the TTL the acquisition asked for and only shrinks; the deadline still
+// counts from shortestSent alone, so that the bound does not rest on what
+// the lease's code asks for.
 type validity struct {
-	drift     time.Duration
-	minTTL    time.Duration // shortest TTL of any request sent for the token; 0: none yet
-	confirmed time.Time     // send time of the latest confirmed request; zero: none yet
-	inherited time.Time     // the previous holder's deadline while a handover is unconfirmed
-	deadline  time.Time     // derived from the fields above by update
+	ttl          time.Duration // the TTL the lease asks for; shortened when the store grants less
+	drift        time.Duration // the drift allowance, fixed when the lease is made
+	shortestSent time.Duration // shortest TTL of any request sent for the token; 0: none yet
+	confirmed    time.Time     // send time of the latest confirmed request; zero: none yet
+	inherited    time.Time     // the previous holder's deadline while a handover is unconfirmed
+	deadline     time.Time     // derived from the fields above by update; read it, never write it
+}
+
+// newValidity returns the validity of a lease of cfg's TTL, or of granted
+// if the store said it keeps the lock a shorter time (0: as asked), before
+// any request for its token counts: it has no deadline yet (it has
+// expired).
+func newValidity(cfg *config, granted time.Duration) validity {
+	ttl := cfg.ttl
+	if granted > 0 && granted < ttl {
+		ttl = granted
+	}
+	return validity{ttl: ttl, drift: cfg.driftFor(ttl)}
+}
+
+// grantValidity returns the validity of a lock that the store granted, as
+// g says, to a request sent at sent that asked for cfg's TTL: an acquire,
+// a handover to a queued waiter, or a transfer to a waiting goroutine.
+func grantValidity(cfg *config, sent time.Time, g backend.Grant) validity {
+	v := newValidity(cfg, g.TTL)
+	v.sending(cfg.ttl)
+	v.confirm(sent, g.TTL)
+	return v
+}
+
+// handedValidity returns the validity of a lock handed over ahead of the
+// store, whose transfer will ask for cfg's TTL (see inherit).
+func handedValidity(cfg *config, prev, start time.Time) validity {
+	v := newValidity(cfg, 0)
+	v.inherit(prev, start)
+	return v
+}
+
+// expired reports whether the deadline has come at now.
+func (v *validity) expired(now time.Time) bool {
+	return !v.deadline.After(now)
+}
+
+// remaining returns the time from now to the deadline; <= 0 once expired.
+func (v *validity) remaining(now time.Time) time.Duration {
+	return v.deadline.Sub(now)
 }
 
 // sending records a request, about to be sent, that sets the store's
 // expiry for the token to its arrival plus ttl.
 func (v *validity) sending(ttl time.Duration) {
-	if v.minTTL == 0 || ttl < v.minTTL {
-		v.minTTL = ttl
+	if v.shortestSent == 0 || ttl < v.shortestSent {
+		v.shortestSent = ttl
 		v.update()
 	}
 }
 
-// confirm records that a request sent at sent, for ttl, was granted; a
-// store that reports a shorter TTL than was asked for (granted > 0) is
-// trusted with the shorter one.
+// send records a request of the lease, about to be sent, and returns the
+// TTL it asks for: the lease's.
+func (v *validity) send() time.Duration {
+	v.sending(v.ttl)
+	return v.ttl
+}
+
+// confirm records that a request sent at sent was granted; a store that
+// reports a shorter TTL than was asked for (granted > 0) is trusted with
+// the shorter one, which the lease asks for from then on.
 func (v *validity) confirm(sent time.Time, granted time.Duration) {
 	if granted > 0 {
+		if granted < v.ttl {
+			v.ttl = granted
+		}
 		v.sending(granted)
 	}
 	if sent.After(v.confirmed) {
@@ -62,9 +128,10 @@ func (v *validity) confirm(sent time.Time, granted time.Duration) {
 
 // inherit bounds a lease handed over ahead of the store by the previous
 // holder's deadline, until a request of its own is confirmed. start is a
-// time before the transfer is sent: the transfer lands after it.
-func (v *validity) inherit(prev, start time.Time, ttl time.Duration) {
-	v.sending(ttl)
+// time before the transfer, which asks for the lease's TTL, is sent: the
+// transfer lands after it.
+func (v *validity) inherit(prev, start time.Time) {
+	v.sending(v.ttl)
 	v.inherited = prev
 	v.confirmed = start
 	v.update()
@@ -76,7 +143,7 @@ func (v *validity) update() {
 	if v.confirmed.IsZero() {
 		return
 	}
-	d := v.confirmed.Add(v.minTTL - v.drift)
+	d := v.confirmed.Add(v.shortestSent - v.drift)
 	if !v.inherited.IsZero() && v.inherited.Before(d) {
 		d = v.inherited
 	}

@@ -197,24 +197,24 @@ func init() {
 		libFlaws[name] = flawpatch.Flaw{Name: name, Edits: []flawpatch.Edit{{File: file, Old: old, New: new}}}
 	}
 	// A lease's deadline counted from the reply instead of the send.
-	lib("deadline-from-reply", "lock.go",
+	lib("deadline-from-reply", "acquire.go",
 		"\t\t\tg, err = c.b.Acquire(ctx, key, token, cfg.ttl)\n\t\t}\n",
 		"\t\t\tg, err = c.b.Acquire(ctx, key, token, cfg.ttl)\n\t\t}\n\t\tsent = cfg.clock.Now()\n")
 	// No drift allowance.
-	lib("zero-drift", "lease.go", "validity{drift: cfg.driftFor(ttl)}", "validity{drift: 0}")
+	lib("zero-drift", "validity.go", "validity{ttl: ttl, drift: cfg.driftFor(ttl)}", "validity{ttl: ttl, drift: 0}")
 	// A renewal's deadline counted with the client's default TTL, not the
 	// lease's.
-	lib("renew-longer-ttl", "lease.go",
-		"\tl.lastErr = nil\n\tl.extendLocked(sent, g.TTL)\n",
-		"\tl.lastErr = nil\n\tl.extendLocked(sent, g.TTL)\n\tl.v.minTTL = max(l.v.minTTL, l.c.cfg.ttl)\n\tl.v.update()\n")
+	lib("renew-longer-ttl", "renew.go",
+		"\tl.wd.lastErr = nil\n\tl.extendLocked(sent, g.TTL)\n",
+		"\tl.wd.lastErr = nil\n\tl.extendLocked(sent, g.TTL)\n\tl.v.shortestSent = max(l.v.shortestSent, l.c.cfg.ttl)\n\tl.v.update()\n")
 	// A renewal of unknown outcome extends the deadline.
-	lib("unknown-renew-is-success", "lease.go",
-		"\t\tl.lastErr = err\n\t\treturn wrap(\"renew\", l.key, err)\n",
-		"\t\tl.lastErr = err\n\t\tl.extendLocked(sent, g.TTL)\n\t\treturn wrap(\"renew\", l.key, err)\n")
+	lib("unknown-renew-is-success", "renew.go",
+		"\t\tl.wd.lastErr = err\n\t\treturn wrap(\"renew\", l.key, err)\n",
+		"\t\tl.wd.lastErr = err\n\t\tl.extendLocked(sent, g.TTL)\n\t\treturn wrap(\"renew\", l.key, err)\n")
 	// 16-bit owner tokens.
-	lib("short-tokens", "lock.go",
+	lib("short-tokens", "client.go",
 		"func newToken() string {\n",
-		"func newToken() string {\n\treturn fmt.Sprintf(\"%04x\", rand.N(1<<16))\n")
+		"func newToken() string {\n\tvar b [2]byte\n\tcrand.Read(b[:])\n\treturn hex.EncodeToString(b[:])\n")
 	// The scheduler's timer is not moved earlier for a lease due sooner.
 	lib("scheduler-no-rearm", "scheduler.go",
 		"if s.armedAt.IsZero() || due.Before(s.armedAt) {", "if s.armedAt.IsZero() {")

@@ -26,7 +26,7 @@ var libFlaws = map[string]struct {
 	kase string // the conformance case that must catch it
 }{
 	// A renewal that finds the lock gone takes it again.
-	"watchdog-reacquires": {flawpatch.Edit{File: "lease.go",
+	"watchdog-reacquires": {flawpatch.Edit{File: "renew.go",
 		Old: "\tif err != nil {\n\t\tif errors.Is(err, ErrNotHeld) {\n\t\t\tl.endLocked(stateLost, fmt.Errorf(\"%w: the store no longer holds it for this owner",
 		New: "\tif err != nil && errors.Is(err, ErrNotHeld) {\n\t\tif g2, err2 := l.c.b.Acquire(ctx, l.key, newToken(), ttl); err2 == nil {\n\t\t\tg, err = g2, nil\n\t\t}\n\t}\n" +
 			"\tif err != nil {\n\t\tif errors.Is(err, ErrNotHeld) {\n\t\t\tl.endLocked(stateLost, fmt.Errorf(\"%w: the store no longer holds it for this owner",
@@ -34,7 +34,7 @@ var libFlaws = map[string]struct {
 	// An Acquire cancelled in the client's queue stays in it.
 	"cancel-keeps-turn": {flawpatch.Edit{File: "local.go",
 		Old: "\tcase <-ctx.Done():\n\t}\n\tsh.mu.Lock()\n",
-		New: "\tcase <-ctx.Done():\n\t}\n\treturn nil, ctx.Err()\n\tsh.mu.Lock()\n",
+		New: "\tcase <-ctx.Done():\n\t}\n\treturn nil, nil, ctx.Err()\n\tsh.mu.Lock()\n",
 	}, "CancelInQueue"},
 	// A lease handed over ahead of the store is valid until the previous
 	// holder's deadline, whatever its own TTL.
@@ -44,9 +44,9 @@ var libFlaws = map[string]struct {
 	}, "DeadlineWithinStore"},
 	// A handover of unknown outcome ends the new lease but frees neither
 	// token.
-	"handover-unknown-keeps": {flawpatch.Edit{File: "lease.go",
-		Old: "\t\tl.c.cleanup(ctx, l.key, from, l.ttl, false)\n",
-		New: "\t\treturn\n\t\tl.c.cleanup(ctx, l.key, from, l.ttl, false)\n",
+	"handover-unknown-keeps": {flawpatch.Edit{File: "handover.go",
+		Old: "\t\tl.c.cleanup(ctx, l.key, from, l.v.ttl, nil)\n",
+		New: "\t\treturn\n\t\tl.c.cleanup(ctx, l.key, from, l.v.ttl, nil)\n",
 	}, "HandoverFails"},
 }
 

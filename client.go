@@ -1,0 +1,222 @@
+package lock
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"unicode/utf8"
+
+	"github.com/distlock/lock/backend"
+)
+
+// Client takes locks on one backend. It is safe for concurrent use.
+type Client struct {
+	b        backend.Backend
+	notifier backend.Notifier
+	transfer backend.Transferer
+	loss     backend.LossNotifier
+	caps     backend.Capabilities
+	cfg      config
+	sched    *scheduler // runs the timers of leases on cfg.clock
+	// renewSlots holds one token per automatic renewal running, at most
+	// maxConcurrentTicks (see scheduler.fire).
+	renewSlots chan struct{}
+	local      localQueue // this client's goroutines waiting for the same key
+	closed     atomic.Bool
+
+	bgMu     sync.Mutex
+	bgClosed bool           // no more cleanups start
+	bg       sync.WaitGroup // best-effort cleanups still running
+}
+
+// New returns a Client over b with the given default options. The Client owns
+// b: Client.Close closes it. It fails with ErrInvalid when b is nil and with
+// ErrInvalidOption or ErrInvalidTTL when an option is out of range.
+func New(b backend.Backend, opts ...Option) (*Client, error) {
+	if b == nil {
+		return nil, invalid(ErrInvalid, "New: nil backend; pass one from a backend package, such as memory.New()")
+	}
+	c := &Client{b: b, cfg: defaultConfig()}
+	if n, ok := b.(backend.Notifier); ok {
+		c.notifier = n
+	}
+	if d, ok := b.(backend.Describer); ok {
+		c.caps = d.Capabilities()
+	}
+	if t, ok := b.(backend.Transferer); ok {
+		c.transfer = t
+	}
+	if n, ok := b.(backend.LossNotifier); ok {
+		c.loss = n
+	}
+	for _, o := range opts {
+		if o != nil {
+			o(&c.cfg)
+		}
+	}
+	if c.cfg.err != nil {
+		return nil, c.cfg.err
+	}
+	if err := c.checkTTL(&c.cfg); err != nil {
+		return nil, err
+	}
+	c.sched = newScheduler(c.cfg.clock)
+	c.renewSlots = make(chan struct{}, maxConcurrentTicks)
+	return c, nil
+}
+
+// Capabilities reports what the backend declares about itself; the zero value
+// when it declares nothing.
+func (c *Client) Capabilities() backend.Capabilities { return c.caps }
+
+// Backend returns the backend the Client wraps, for optional interfaces such
+// as backend.Inspector.
+func (c *Client) Backend() backend.Backend { return c.b }
+
+// Close stops the client: later calls return ErrClosed, watchdogs stop
+// renewing (held leases are lost at their deadlines), and the backend is
+// closed. Release leases before closing to free their keys at once. Close is
+// idempotent.
+func (c *Client) Close() error {
+	if c == nil || !c.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	c.bgMu.Lock()
+	c.bgClosed = true
+	c.bgMu.Unlock()
+	c.bg.Wait()
+	return c.b.Close()
+}
+
+// background runs f in a goroutine that Close waits for. Once the client is
+// closing it runs nothing and reports false.
+func (c *Client) background(f func()) bool {
+	c.bgMu.Lock()
+	defer c.bgMu.Unlock()
+	if c.bgClosed {
+		return false
+	}
+	c.bg.Add(1)
+	go func() {
+		defer c.bg.Done()
+		f()
+	}()
+	return true
+}
+
+// Do acquires key (waiting as Acquire does), runs fn, and releases the lock.
+// The context passed to fn is cancelled the moment the lease is lost, with
+// context.Cause reporting the loss. Do returns fn's error joined with ErrLost
+// when the lease was lost before the release: the critical section may then
+// have overlapped another holder's.
+func (c *Client) Do(ctx context.Context, key string, fn func(ctx context.Context, l *Lease) error, opts ...Option) error {
+	if fn == nil {
+		return invalid(ErrInvalid, "Do %q: nil function", key)
+	}
+	l, err := c.Acquire(ctx, key, opts...)
+	if err != nil {
+		return err
+	}
+	fctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	l.onEnd(func(cause error) { cancel(cause) })
+	release := func() error {
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), l.TTL())
+		defer rcancel()
+		return l.Release(rctx)
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			release() // do not keep renewing a lock whose holder panicked
+			panic(p)
+		}
+	}()
+	fnErr := fn(fctx, l)
+	return errors.Join(fnErr, release())
+}
+
+func (c *Client) check(op, key string, ctx context.Context) error {
+	if c == nil {
+		return invalid(ErrInvalid, "%s %q: nil Client; create one with New or Open", op, key)
+	}
+	if ctx == nil {
+		return invalid(ErrInvalid, "%s %q: nil context; pass context.Background() or a derived one", op, key)
+	}
+	if c.closed.Load() {
+		return wrap(op, key, ErrClosed)
+	}
+	return nil
+}
+
+// CheckKey returns nil when key is a valid lock key (1 to MaxKeyLen bytes
+// of valid UTF-8), and otherwise an error wrapping ErrInvalidKey that says
+// what is wrong. Acquire and TryAcquire check keys the same way; tools call
+// it to validate a key before sending anything.
+func CheckKey(key string) error {
+	if p := keyProblem(key); p != "" {
+		return invalid(ErrInvalidKey, "%s", p)
+	}
+	return nil
+}
+
+func checkKey(op, key string) error {
+	if p := keyProblem(key); p != "" {
+		return invalid(ErrInvalidKey, "%s: %s", op, p)
+	}
+	return nil
+}
+
+// keyProblem says what is wrong with key, or "" when nothing is.
+func keyProblem(key string) string {
+	switch {
+	case key == "":
+		return fmt.Sprintf("empty key; a key is 1 to %d bytes of UTF-8", MaxKeyLen)
+	case len(key) > MaxKeyLen:
+		return fmt.Sprintf("key of %d bytes; a key is 1 to %d bytes of UTF-8", len(key), MaxKeyLen)
+	case !utf8.ValidString(key):
+		return fmt.Sprintf("key %q is not valid UTF-8; a key is 1 to %d bytes of UTF-8", key, MaxKeyLen)
+	}
+	return ""
+}
+
+func (c *Client) checkTTL(cfg *config) error {
+	ttl := cfg.ttl
+	if c.caps.MinTTL > 0 && ttl < c.caps.MinTTL {
+		return invalid(ErrInvalidTTL, "TTL %v is below this backend's minimum of %v", ttl, c.caps.MinTTL)
+	}
+	if c.caps.MaxTTL > 0 && ttl > c.caps.MaxTTL {
+		return invalid(ErrInvalidTTL, "TTL %v is above this backend's maximum of %v", ttl, c.caps.MaxTTL)
+	}
+	if d := cfg.driftFor(ttl); d >= ttl {
+		return invalid(ErrInvalidTTL, "TTL %v leaves no validity after the drift allowance of %v; use a TTL above %v or a smaller WithDrift", ttl, d, d)
+	}
+	return nil
+}
+
+// entropy hands out crypto/rand bytes read in blocks: one system call per 64
+// tokens instead of one per token. Every byte is used once.
+type entropy struct {
+	buf [1024]byte
+	off int
+}
+
+var entropyPool = sync.Pool{New: func() any { return &entropy{off: len(entropy{}.buf)} }}
+
+// newToken returns 128 random bits from crypto/rand as 32 hex digits.
+func newToken() string {
+	e := entropyPool.Get().(*entropy)
+	if e.off+16 > len(e.buf) {
+		crand.Read(e.buf[:]) // never fails since Go 1.24; it crashes the program instead
+		e.off = 0
+	}
+	var out [32]byte
+	hex.Encode(out[:], e.buf[e.off:e.off+16])
+	clear(e.buf[e.off : e.off+16])
+	e.off += 16
+	entropyPool.Put(e)
+	return string(out[:])
+}
