@@ -376,11 +376,18 @@ func (p *Place) apply(token string, res Result, err error) (backend.Grant, error
 		p.armLocked(res.RetryIn)
 		return backend.Grant{}, err
 	}
-	p.cur, p.tokens[token], p.queued = token, true, true
-	if p.handed != nil && p.handed.Token != token {
+	p.cur, p.tokens[token] = token, true
+	switch {
+	case p.handed == nil:
+		p.queued = true
+	case p.handed.Token != token:
 		// Queued anew: a lock handed to an earlier token and not
 		// taken is history (this attempt would have taken it over).
-		p.handed = nil
+		p.handed, p.queued = nil, true
+	default:
+		// Handed to this attempt's token before its reply came: the
+		// handover took the record.
+		p.queued = false
 	}
 	if p.early != nil {
 		if p.refreshed.IsZero() {
@@ -483,13 +490,13 @@ func (p *Place) Close(took bool) error {
 	p.stopLocked()
 	l := Leaving{Token: p.cur, Queued: p.queued, Handed: p.handed}
 	if l.Handed == nil {
-		l.Handed = p.early
+		l.Handed = p.early // the store may have handed it the lock
 	}
-	p.mu.Unlock()
 	var handed *backend.Handover
 	if took {
-		handed = l.Handed
+		handed = p.handed // what Handed reported, if the caller took that
 	}
+	p.mu.Unlock()
 	p.s.Stop(took, handed)
 	if took {
 		return nil
