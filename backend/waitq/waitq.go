@@ -114,8 +114,10 @@ type Store interface {
 	Refresh(ctx context.Context, ttl time.Duration) (Refreshed, error)
 	// Leave removes what the waiter has in the store after it gave up:
 	// its record, and, when handed, a lock the store handed to it (see
-	// the package doc). It is called at most once, from a goroutine of
-	// the queue's, after Stop; ctx bounds it.
+	// the package doc), and frees the place's carrier. It is called once
+	// for every place that closes without the lock, even one that never
+	// queued (a Store that holds nothing for it returns at once), from a
+	// goroutine of the queue's, after Stop; ctx bounds it.
 	Leave(ctx context.Context, l Leaving) error
 	// Stop ends the place's watches and timers in the backend; it is
 	// called once, as the place closes, before any Leave. took reports
@@ -141,7 +143,9 @@ type Attempt struct {
 	// place's carrier, zero when none.
 	Refreshed time.Time
 	// Fresh is set on the try after one that returned ErrGone: the
-	// carrier must be a new one, not one kept from before.
+	// carrier must be a new one, not one kept from before. (A store whose
+	// record is its own carrier never returns ErrGone, and can ignore
+	// Fresh.)
 	Fresh bool
 }
 
@@ -159,7 +163,9 @@ type Result struct {
 	Refreshed time.Time
 	// RetryIn, when positive, wakes the waiter after that long: the
 	// holder's remaining time when the place is first in the queue, or a
-	// store's pause (a lock-delay) after which the key may be free.
+	// store's pause (a lock-delay) after which the key may be free. The
+	// queue wakes it at RetryIn exactly: add the store's expiry
+	// resolution.
 	RetryIn time.Duration
 }
 
@@ -186,7 +192,9 @@ type Leaving struct {
 // Group is a backend's set of places: Close waits for their background
 // leaves.
 type Group struct {
-	wg sync.WaitGroup
+	mu     sync.Mutex
+	closed bool
+	wg     sync.WaitGroup
 }
 
 // NewGroup returns an empty Group.
@@ -194,14 +202,33 @@ func NewGroup() *Group { return &Group{} }
 
 // Close waits for the leaves still running, each bounded by LeaveTimeout:
 // a backend that closes leaves nothing of a waiter that gave up behind.
-// Call it before closing the store's client.
-func (g *Group) Close() { g.wg.Wait() }
+// A place that leaves after Close began runs its Leave before its own
+// Close returns, bounded by LeaveWait. Call it before closing the store's
+// client.
+func (g *Group) Close() {
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
+	g.wg.Wait()
+}
+
+// add counts a leave about to start in the background; false once the
+// group is closing.
+func (g *Group) add() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return false
+	}
+	g.wg.Add(1)
+	return true
+}
 
 // New returns a place in a key's queue over s. It sends nothing; the
 // place's Acquire does. The backend's side keeps the place to call its
 // hooks.
 func (g *Group) New(s Store) *Place {
-	return &Place{g: g, s: s, ch: make(chan struct{}, 1), tokens: map[string]bool{}}
+	return &Place{g: g, s: s, ch: make(chan struct{}, 1)}
 }
 
 // Place is one waiter's place in a key's queue; it implements
@@ -214,11 +241,10 @@ type Place struct {
 	mu        sync.Mutex
 	closed    bool
 	ttl       time.Duration
-	cur       string          // the token in the record
-	tokens    map[string]bool // tokens of attempts that queued the place
-	pending   string          // the token of an attempt on its way
-	queued    bool            // the record may exist
-	refreshed time.Time       // send time of the carrier's latest confirmed refresh
+	cur       string    // the token in the record
+	pending   string    // the token of an attempt on its way
+	queued    bool      // the record may exist
+	refreshed time.Time // send time of the carrier's latest confirmed refresh
 	handed    *backend.Handover
 	early     *backend.Handover // handed before any confirmed refresh
 	refresh   *time.Timer
@@ -267,12 +293,21 @@ func (p *Place) Handed() (backend.Handover, bool) {
 // Handoff is the backend's report that the store handed the lock to the
 // place's token with grant g. It reports whether the place took note: not
 // when the place closed or was handed a lock already, nor for a token
-// that never queued the place. Since is the carrier's latest confirmed
+// other than the record's (the latest attempt that queued the place) or
+// the attempt's on its way. Since is the carrier's latest confirmed
 // refresh (see the package doc).
+//
+// Why only those two tokens: the handed lock's expiry is the record's, so
+// the carrier's latest refresh bounds it only while that record is the
+// place's current one. A report of a handover to an earlier token, late
+// (a message that waited in a connection), may concern a record that
+// expired before the place queued again and refreshed its new one: counted
+// from the new refresh, its deadline would pass the store's expiry. Such a
+// lock expires with the record it came from, unrefreshed.
 func (p *Place) Handoff(token string, g backend.Grant) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed || p.handed != nil || !(p.tokens[token] || token == p.pending) {
+	if p.closed || p.handed != nil || token == "" || (token != p.cur && token != p.pending) {
 		return false
 	}
 	h := &backend.Handover{Token: token, Grant: g}
@@ -315,9 +350,11 @@ func (p *Place) Lost() {
 	p.Wake() // the waiter queues again
 }
 
-// forgetLocked forgets the place's record and carrier.
+// forgetLocked forgets the place's record and carrier: a lock handed to
+// the record's token went with the carrier, so a late report of it is
+// refused (see Handoff), and no attempt takes it over.
 func (p *Place) forgetLocked() {
-	p.queued, p.refreshed, p.handed, p.early = false, time.Time{}, nil, nil
+	p.cur, p.queued, p.refreshed, p.handed, p.early = "", false, time.Time{}, nil, nil
 	p.stopLocked()
 }
 
@@ -376,7 +413,7 @@ func (p *Place) apply(token string, res Result, err error) (backend.Grant, error
 		p.armLocked(res.RetryIn)
 		return backend.Grant{}, err
 	}
-	p.cur, p.tokens[token] = token, true
+	p.cur = token
 	switch {
 	case p.handed == nil:
 		p.queued = true
@@ -416,12 +453,15 @@ func (p *Place) armLocked(d time.Duration) {
 
 // scheduleLocked refreshes the record a third of its TTL after the
 // carrier's latest confirmed refresh, while the place waits.
-func (p *Place) scheduleLocked() {
+func (p *Place) scheduleLocked() { p.scheduleAfterLocked(0) }
+
+// scheduleAfterLocked is scheduleLocked, at least atLeast from now.
+func (p *Place) scheduleAfterLocked(atLeast time.Duration) {
 	if p.closed || p.refresh != nil || !p.queued || p.handed != nil {
 		return
 	}
 	ttl := p.ttl
-	p.refresh = time.AfterFunc(max(ttl/3-time.Since(p.refreshed), 0), func() { p.refreshNow(ttl) })
+	p.refresh = time.AfterFunc(max(ttl/3-time.Since(p.refreshed), atLeast), func() { p.refreshNow(ttl) })
 }
 
 // refreshNow is one refresh of the record (see scheduleLocked).
@@ -448,7 +488,10 @@ func (p *Place) refreshNow(ttl time.Duration) {
 		p.Wake() // the waiter queues again
 		return
 	case err != nil:
-		// Unknown: the earlier refresh still bounds the expiry.
+		// Unknown: the earlier refresh still bounds the expiry. Try
+		// again, but not at once: a store that fails fast would spin.
+		p.scheduleAfterLocked(ttl / 10)
+		return
 	case r.Gone:
 		// The record expired: the place is lost; the next attempt
 		// queues again, at the back.
@@ -501,8 +544,14 @@ func (p *Place) Close(took bool) error {
 	if took {
 		return nil
 	}
+	if !p.g.add() {
+		// The backend is closing: leave now, within the wait.
+		ctx, cancel := context.WithTimeout(context.Background(), LeaveWait)
+		defer cancel()
+		_ = p.s.Leave(ctx, l)
+		return nil
+	}
 	done := make(chan struct{})
-	p.g.wg.Add(1)
 	go func() {
 		defer p.g.wg.Done()
 		defer close(done)

@@ -375,3 +375,58 @@ func TestLost(t *testing.T) {
 		t.Errorf("the attempt after Lost: %+v; want Queued false, Refreshed zero, Handed nil", as[1])
 	}
 }
+
+// A Refresh that fails at once (a store that refuses connections) is tried
+// again no sooner than a tenth of the TTL, not in a loop.
+func TestRefreshErrorsDoNotSpin(t *testing.T) {
+	var n atomic.Int64
+	f := &fakeStore{
+		attempt: func(int, Attempt) (Result, error) { return queued(time.Now()) },
+		refresh: func(context.Context) (Refreshed, error) {
+			n.Add(1)
+			return Refreshed{}, errors.New("connection refused")
+		},
+	}
+	_, p := newPlace(t, f)
+	_, err := p.Acquire(context.Background(), tokA, short)
+	wantLocked(t, err)
+	time.Sleep(100 * time.Millisecond) // lets refreshes come: a count, not a synchronisation
+	// 100ms at one try per 3ms at least, after the first at 10ms: at most
+	// about 31; a spinning place made tens of thousands.
+	if got := n.Load(); got > 100 {
+		t.Errorf("%d Refresh calls in 100ms with a TTL of %v", got, short)
+	}
+}
+
+// A handover is counted from the refresh of the record it came from: a
+// late report of a handover to the token of a record whose carrier was
+// lost, or to a token the place queued with before its current one, is
+// refused (the new carrier's refresh does not bound that lock).
+func TestHandoffOfAnEarlierRecordRefused(t *testing.T) {
+	ctx := context.Background()
+	f := &fakeStore{attempt: func(int, Attempt) (Result, error) { return queued(time.Now()) }}
+	_, p := newPlace(t, f)
+	_, err := p.Acquire(ctx, tokA, long)
+	wantLocked(t, err)
+	p.Lost()
+	if p.Handoff(tokA, backend.Grant{Fence: 2, TTL: long}) {
+		t.Error("a handover to the token of a record whose carrier was lost was taken")
+	}
+	_, err = p.Acquire(ctx, tokB, long)
+	wantLocked(t, err)
+	if h, ok := p.Handed(); ok {
+		t.Fatalf("handed %+v after the carrier was lost", h)
+	}
+	if _, as := f.seen(); as[1].Prev != "" {
+		t.Errorf("the attempt after the loss takes over %q; want nothing (the lock went with the carrier)", as[1].Prev)
+	}
+	const tokC = "cccccccccccccccccccccccccccccccc"
+	_, err = p.Acquire(ctx, tokC, long)
+	wantLocked(t, err)
+	if p.Handoff(tokB, backend.Grant{Fence: 3, TTL: long}) {
+		t.Error("a late handover to a token the place queued with before its current one was taken")
+	}
+	if !p.Handoff(tokC, backend.Grant{Fence: 4, TTL: long}) {
+		t.Error("a handover to the record's token was refused")
+	}
+}
