@@ -27,16 +27,17 @@
 // or its session destroyed from outside, the lease is lost at once, not at
 // its next renewal.
 //
-// Waiters queue in Consul (see queue.go for the argument): a waiting
-// Acquire that finds the key held puts a record beside the entry, locked
-// by the session its lock will be on, and follows only that record with a
-// blocking query. A release hands the lock to the oldest record's session
-// in one transaction (unlock, lock for the waiter, check and mark the
-// record), so one release wakes one waiter, which holds the lock without a
-// request of its own; its validity counts from its own latest session
-// renewal. A waiter whose session went is never handed the lock from its
-// record. Acquires that do not wait (TryAcquire) are not queued and may
-// take a free key before the queue: the order is not FIFO.
+// Waiters queue in Consul (see queue.go for what its primitives guarantee,
+// and package backend/waitq for the argument): a waiting Acquire that finds
+// the key held puts a record beside the entry, locked by the session its
+// lock will be on, and follows only that record with a blocking query. A
+// release hands the lock to the oldest record's session in one transaction
+// (unlock, lock for the waiter, check and mark the record), so one release
+// wakes one waiter, which holds the lock without a request of its own; its
+// validity counts from its own latest session renewal. A waiter whose
+// session went is never handed the lock from its record. Acquires that do
+// not wait (TryAcquire) are not queued and may take a free key before the
+// queue: the order is not FIFO.
 //
 // Sessions cost a Raft write to create, so a backend keeps the sessions of
 // released locks and reuses them, one lock at a time each (see

@@ -30,9 +30,10 @@
 // deletes the key and leaves a tombstone for the token (see Dead tokens).
 //
 // Waiters queue in the store, first come first served, across processes
-// (backend.Queuer; see queue.go for the argument): the acquire transaction
-// of a waiter that finds the key held puts a queue record for it in the
-// same request, attached to the waiter's lease and ordered by the record's
+// (backend.Queuer; see queue.go for what its primitives guarantee, and
+// package backend/waitq for the argument): the acquire transaction of a
+// waiter that finds the key held puts a queue record for it in the same
+// request, attached to the waiter's lease and ordered by the record's
 // create revision. A release by a backend that follows the key (one that
 // waited for it in the last few seconds) hands the lock to the head of the
 // queue in the release's transaction: the head's token goes under the lock
@@ -42,8 +43,8 @@
 // key. The acquire of a queued waiter takes the key only if its own record
 // still exists and comes first; anyone else's only when nobody queues. A
 // waiter that leaves without the key revokes its lease, which deletes its
-// record and any lock handed to it. A waiter whose record vanished while
-// it waited (its lease expired) is never handed or granted the key from it
+// record and any lock handed to it. A waiter whose record vanished while it
+// waited (its lease expired) is never handed or granted the key from it
 // (the Jepsen etcd 3.4.3 finding): it queues again, at the back.
 //
 // # Raft writes

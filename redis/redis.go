@@ -16,20 +16,22 @@
 // key ("lock:{KEY}" and "lock:{KEY}:fence"), so Redis Cluster keeps both in
 // one slot. Renew and release are compare-by-token scripts.
 //
-// Waiting Acquires queue in Redis (see queue.go for the argument): one that
-// finds the key held puts its place in the key's queue in the same script,
-// and the release script hands the lock to the oldest waiter whose place
-// is alive, counting the waiter's validity from its own queueing request,
-// and publishes the handover to that waiter's process alone. A release
-// wakes one waiter, which holds the lock without a request of its own;
-// waiters of every process are served in the order they queued (FIFO,
-// declared in Capabilities), and TryAcquire does not take a free key
-// ahead of them. A waiter whose process dies while queued delays the
-// others by at most its TTL (twice that if the holder before it also
-// expired without a release). Redlock does not queue: its waiters subscribe
-// to release messages and wake at once instead of polling. Scripts run with EVALSHA and fall back to EVAL when the
-// server's script cache was flushed. An acquire that go-redis retried after
-// a lost reply finds its own token and reports the lock as taken.
+// Waiting Acquires queue in Redis (see queue.go for what its primitives
+// guarantee, and package backend/waitq for the argument): one that finds
+// the key held puts its place in the key's queue in the same script, and
+// the release script hands the lock to the oldest waiter whose place is
+// alive, counting the waiter's validity from its own queueing request, and
+// publishes the handover to that waiter's process alone. A release wakes
+// one waiter, which holds the lock without a request of its own; waiters of
+// every process are served in the order they queued (FIFO, declared in
+// Capabilities), and TryAcquire does not take a free key ahead of them. A
+// waiter whose process dies while queued delays the others by at most its
+// TTL (twice that if the holder before it also expired without a release).
+// Redlock does not queue: its waiters subscribe to release messages and
+// wake at once instead of polling. Scripts run with EVALSHA and fall back
+// to EVAL when the server's script cache was flushed. An acquire that
+// go-redis retried after a lost reply finds its own token and reports the
+// lock as taken.
 //
 // Concurrent calls share round trips: while four requests are on the wire,
 // further calls queue and go out together as one pipeline when a request
