@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/distlock/lock"
 	"github.com/distlock/lock/backend"
 	"github.com/distlock/lock/backend/waitq"
@@ -25,6 +27,25 @@ func queueUpOn(ctx context.Context, t *testing.T, b *redis.Backend, key string) 
 }
 
 var newQueueToken = queuetest.NewToken
+
+// holdKey takes key through b for a new token, for queueTTL, and returns
+// the token.
+func holdKey(ctx context.Context, t *testing.T, b *redis.Backend, key string) string {
+	t.Helper()
+	tok := newQueueToken()
+	if _, err := b.Acquire(ctx, key, tok, queueTTL); err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+// nothingLeft checks that only the fence counter is left of the lock.
+func nothingLeft(t *testing.T, rdb *goredis.Client, when string) {
+	t.Helper()
+	if left := keysLeft(t, rdb); len(left) != 1 {
+		t.Fatalf("left behind %s: %v", when, left)
+	}
+}
 
 func holderOf(ctx context.Context, t *testing.T, b *redis.Backend, key string) backend.Holder {
 	t.Helper()
@@ -101,10 +122,7 @@ func TestQueueRecordVanishes(t *testing.T) {
 	rdb := newGoRedis(t, srv.Addr)
 	holder := redis.New(rdb)
 	defer holder.Close()
-	tok := newQueueToken()
-	if _, err := holder.Acquire(ctx, "k", tok, queueTTL); err != nil {
-		t.Fatal(err)
-	}
+	tok := holdKey(ctx, t, holder, "k")
 	b1, b2 := redis.New(newGoRedis(t, srv.Addr)), redis.New(newGoRedis(t, srv.Addr))
 	defer b1.Close()
 	defer b2.Close()
@@ -137,18 +155,13 @@ func TestQueueGivingUpLeavesNothing(t *testing.T) {
 	b1, b2 := redis.New(newGoRedis(t, srv.Addr)), redis.New(newGoRedis(t, srv.Addr))
 	defer b1.Close()
 	defer b2.Close()
-	tok := newQueueToken()
-	if _, err := holder.Acquire(ctx, "k", tok, queueTTL); err != nil {
-		t.Fatal(err)
-	}
+	tok := holdKey(ctx, t, holder, "k")
 	w := queueUpOn(ctx, t, b1, "k")
 	w.Q.Close(false)
 	if err := holder.Release(ctx, "k", tok); err != nil {
 		t.Fatal(err)
 	}
-	if left := keysLeft(t, rdb); len(left) != 1 {
-		t.Fatalf("left behind after the waiter gave up and the holder released: %v", left)
-	}
+	nothingLeft(t, rdb, "after the waiter gave up and the holder released")
 
 	// Handed to a waiter that gives up without taking it: the next one
 	// gets it.
@@ -299,10 +312,7 @@ func TestGivingUpDoesNotWaitOutAHungStore(t *testing.T) {
 	px := faultproxy.Start(t, srv.Addr)
 	b := redis.New(newGoRedis(t, px.Addr))
 	defer b.Close()
-	tok := newQueueToken()
-	if _, err := holder.Acquire(ctx, "k", tok, queueTTL); err != nil {
-		t.Fatal(err)
-	}
+	tok := holdKey(ctx, t, holder, "k")
 	w := queueUpOn(ctx, t, b, "k")
 	px.Hold(faultproxy.ToClient) // the store acts, its answers wait
 	start := time.Now()
@@ -314,9 +324,7 @@ func TestGivingUpDoesNotWaitOutAHungStore(t *testing.T) {
 	if err := holder.Release(ctx, "k", tok); err != nil {
 		t.Fatal(err)
 	}
-	if left := keysLeft(t, rdb); len(left) != 1 {
-		t.Fatalf("left behind after the waiter gave up and the holder released: %v", left)
-	}
+	nothingLeft(t, rdb, "after the waiter gave up and the holder released")
 }
 
 // One rule for every queue: a waiter's attempts use one TTL, since a
@@ -331,10 +339,7 @@ func TestQueueRefusesASecondTTL(t *testing.T) {
 	defer holder.Close()
 	b := redis.New(newGoRedis(t, srv.Addr))
 	defer b.Close()
-	tok := newQueueToken()
-	if _, err := holder.Acquire(ctx, "k", tok, queueTTL); err != nil {
-		t.Fatal(err)
-	}
+	tok := holdKey(ctx, t, holder, "k")
 	w := queueUpOn(ctx, t, b, "k")
 	if _, err := w.Q.Acquire(ctx, newQueueToken(), queueTTL/2); !errors.Is(err, backend.ErrInvalid) {
 		t.Fatalf("an attempt with a second TTL: %v; want ErrInvalid", err)
