@@ -1,14 +1,11 @@
 package consul
 
 import (
-	"cmp"
 	"context"
 	crand "crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -76,110 +73,9 @@ const (
 	recHanded = "h:"
 )
 
-// maxView bounds the waiters a handover tells the new holder of.
-const maxView = 16
-
 // hotFor is how long after finding a key held or queued a waiter enqueues
 // first instead of trying the lock first.
 const hotFor = time.Second
-
-// handoverGrace is how long a waiter that saw the lock entry freed waits
-// for a handover before it tries the lock itself.
-const handoverGrace = 200 * time.Millisecond
-
-// handoverTimeout bounds a handover sent after a release.
-const handoverTimeout = 10 * time.Second
-
-// waiter is a queued waiter as a releaser read it.
-type waiter struct {
-	Key     string `json:"k"` // the record
-	Session string `json:"s"`
-	Token   string `json:"t"`
-	Index   uint64 `json:"i"` // the record's ModifyIndex when read
-}
-
-// handedValue is the value of a record handed the lock, after recHanded.
-type handedValue struct {
-	Token string   `json:"t"`
-	Next  []waiter `json:"n,omitempty"`
-}
-
-// handoverOps are the operations that give the free or just unlocked entry
-// name to ws[0], telling it of the rest.
-func handoverOps(name string, ws []waiter) api.TxnOps {
-	n := ws[0]
-	v, _ := json.Marshal(handedValue{Token: n.Token, Next: ws[1:min(len(ws), maxView+1)]})
-	return api.TxnOps{
-		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: name, Value: []byte(n.Token), Session: n.Session}},
-		{KV: &api.KVTxnOp{Verb: api.KVCheckIndex, Key: n.Key, Index: n.Index}},
-		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: n.Key, Value: append([]byte(recHanded), v...), Session: n.Session}},
-	}
-}
-
-// waiters returns the queued waiters of entry name in a transaction's
-// results (of a get-tree of the queue, or of the entry's name), oldest
-// first.
-func waiters(name string, resp *api.TxnResponse) []waiter {
-	if resp == nil {
-		return nil
-	}
-	var out []waiter
-	var created []uint64
-	for _, r := range resp.Results {
-		kv := r.KV
-		if kv == nil || kv.Session == "" || !strings.HasPrefix(kv.Key, name+queueSep) || !strings.HasPrefix(string(kv.Value), recQueued) {
-			continue
-		}
-		out = append(out, waiter{Key: kv.Key, Session: kv.Session, Token: string(kv.Value[len(recQueued):]), Index: kv.ModifyIndex})
-		created = append(created, kv.CreateIndex)
-	}
-	idx := make([]int, len(out))
-	for i := range idx {
-		idx[i] = i
-	}
-	slices.SortFunc(idx, func(a, b int) int { return cmp.Compare(created[a], created[b]) })
-	sorted := make([]waiter, len(out))
-	for i, j := range idx {
-		sorted[i] = out[j]
-	}
-	return sorted
-}
-
-// handOverLater hands the free entry name to the first of ws that can
-// take it, in the background: a waiter whose record changed or whose
-// session is gone is skipped; a lock taken by someone else meanwhile ends
-// it (that holder's release hands it over).
-func (b *Backend) handOverLater(name string, ws []waiter) {
-	b.sawHeld(name)
-	b.bg.Go(func() {
-		ctx, cancel := context.WithTimeout(b.ctx, handoverTimeout)
-		defer cancel()
-		for i := 0; i < len(ws) && i < 3; i++ {
-			ok, resp, _, err := b.cli.Txn().Txn(handoverOps(name, ws[i:]), (&api.QueryOptions{}).WithContext(ctx))
-			if ok || err != nil {
-				return // handed over, or unknown: the waiter's timer covers it
-			}
-			if lockRefused(resp) {
-				return
-			}
-		}
-	})
-}
-
-// lockRefused reports whether a handover was refused by the lock entry
-// (held by someone else, or under a lock-delay) rather than by the
-// waiter's record or session.
-func lockRefused(resp *api.TxnResponse) bool {
-	if resp == nil {
-		return false
-	}
-	for _, e := range resp.Errors {
-		if e.OpIndex == 0 && !strings.Contains(e.What, "invalid session") {
-			return true
-		}
-	}
-	return false
-}
 
 // sawHeld notes that name was found held or queued now.
 func (b *Backend) sawHeld(name string) {
@@ -596,141 +492,6 @@ func (p *place) enqueue(ctx context.Context, a *attempt) (free bool, err error) 
 		b.bg.Go(func() { p.watchEntry(sess, entryIndex) })
 	}
 	return free, nil
-}
-
-// watchEntry follows the lock entry with blocking queries from index, for
-// a waiter that was first in the queue when it queued: when the entry is
-// freed without a handover (its holder's session expired or was destroyed,
-// or a release of unknown outcome destroyed it), it wakes the waiter, which
-// then tries the lock (sleeping out a lock-delay) instead of waiting for
-// its timer. It ends when the waiter's session holds the entry, or the
-// place closes.
-func (p *place) watchEntry(sess string, index uint64) {
-	b := p.b
-	p.mu.Lock()
-	ctx := p.entryCtx()
-	p.mu.Unlock()
-	defer func() {
-		p.mu.Lock()
-		p.heading = false
-		if p.ctx == ctx {
-			// The query returned: cancelling closes nothing now.
-			p.cancel()
-			p.ctx, p.cancel = nil, nil
-		}
-		p.mu.Unlock()
-	}()
-	for {
-		kv, meta, err := b.cli.KV().Get(p.name, (&api.QueryOptions{WaitIndex: index, WaitTime: waitTime}).WithContext(ctx))
-		if ctx.Err() != nil {
-			return
-		}
-		if err != nil {
-			if sleep(ctx, retryDelay) != nil {
-				return
-			}
-			continue
-		}
-		if meta.LastIndex == index {
-			continue
-		}
-		index = meta.LastIndex
-		p.mu.Lock()
-		done := p.closed || p.sess != sess
-		p.mu.Unlock()
-		switch {
-		case done || (kv != nil && kv.Session == sess):
-			return
-		case kv == nil || kv.Session == "":
-			// Freed. A release by this library hands the lock over
-			// right after (to this waiter, most likely): wake the
-			// waiter only if no handover came meanwhile.
-			b.sawFree(p.name)
-			time.AfterFunc(handoverGrace, func() {
-				p.mu.Lock()
-				handed := p.handed != ""
-				p.mu.Unlock()
-				if !handed {
-					p.q.Wake()
-				}
-			})
-		}
-	}
-}
-
-// watch follows the place's record with blocking queries from index: it
-// reports a handover, and wakes the waiter when the record goes or a
-// releaser asks it to try.
-func (p *place) watch(sess, rec string, index uint64) {
-	b := p.b
-	defer func() {
-		p.mu.Lock()
-		p.watching = false
-		p.mu.Unlock()
-	}()
-	for {
-		kv, meta, err := b.cli.KV().Get(rec, (&api.QueryOptions{WaitIndex: index, WaitTime: waitTime}).WithContext(b.ctx))
-		if b.ctx.Err() != nil {
-			return
-		}
-		if err != nil {
-			if sleep(b.ctx, retryDelay) != nil {
-				return
-			}
-			continue
-		}
-		if meta.LastIndex == index {
-			continue // the wait timed out
-		}
-		index = meta.LastIndex
-		p.mu.Lock()
-		if p.closed || p.sess != sess || p.rec != rec {
-			p.mu.Unlock()
-			return
-		}
-		switch {
-		case kv == nil || kv.Session != sess:
-			// The record went (the place's own lock deleting it ended
-			// the watch above): the session expired or was destroyed.
-			// Queue again with a new session, under a new name (the
-			// old one is under the session's lock-delay).
-			p.goneLocked()
-			p.mu.Unlock()
-			p.q.Lost()
-			return
-		case strings.HasPrefix(string(kv.Value), recHanded):
-			var v handedValue
-			if json.Unmarshal(kv.Value[len(recHanded):], &v) != nil || v.Token == "" {
-				p.mu.Unlock()
-				continue
-			}
-			p.mu.Unlock()
-			ttl := p.q.TTL()
-			if !p.q.Handoff(v.Token, backend.Grant{Fence: kv.ModifyIndex, TTL: ttl}) {
-				return
-			}
-			// Since is the place's latest confirmed renewal (zero until
-			// the attempt that queued returns: a pooled session is then
-			// renewed before it carries a lock again).
-			b.mu.Lock()
-			b.owned[v.Token] = &owned{key: p.name, session: sess, ttl: ttl, fence: kv.ModifyIndex, renewed: p.q.Refreshed(), rec: rec, next: v.Next}
-			b.mu.Unlock()
-			p.mu.Lock()
-			p.handed = v.Token
-			p.mu.Unlock()
-			return
-		}
-		p.mu.Unlock()
-	}
-}
-
-// entryCtx returns the context of the place's blocking queries on the lock
-// entry. p.mu must be held.
-func (p *place) entryCtx() context.Context {
-	if p.ctx == nil {
-		p.ctx, p.cancel = context.WithCancel(p.b.ctx)
-	}
-	return p.ctx
 }
 
 // Refresh implements waitq.Store: a renewal of the place's session.
