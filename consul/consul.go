@@ -842,8 +842,10 @@ func (b *Backend) Inspect(ctx context.Context, key string) (backend.Holder, erro
 	return backend.Holder{Held: true, Token: string(kv.Value), Fence: kv.ModifyIndex}, nil
 }
 
-// Close implements backend.Backend: it stops the watches and destroys the
-// sessions that hold no lock. Held locks are left to expire.
+// Close implements backend.Backend: it waits for the leaves of waiters
+// that gave up (each bounded by waitq.LeaveTimeout), then stops the
+// watches and destroys the sessions that hold no lock. Held locks are
+// left to expire.
 func (b *Backend) Close() error {
 	if !b.closed.CompareAndSwap(false, true) {
 		return nil

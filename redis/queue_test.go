@@ -100,8 +100,11 @@ func TestQueueHandsOverInOrder(t *testing.T) {
 		if got := holderOf(ctx, t, bs[i], "k"); !got.Held || got.Token != h.Token || got.Fence != h.Fence {
 			t.Fatalf("holder after the handover to %s: %+v; want its token at fence %d", who, got, h.Fence)
 		}
-		// The store keeps it at least the TTL from the waiter's request.
-		if pttl := rdb.PTTL(ctx, "lock:{k}").Val(); time.Since(w.Began())+pttl < queueTTL {
+		// The store keeps it at least the TTL from the waiter's request,
+		// to its millisecond resolution: the server's clock and PTTL
+		// both truncate to whole milliseconds (the default drift
+		// allowance's 2ms cover them).
+		if pttl := rdb.PTTL(ctx, "lock:{k}").Val(); time.Since(w.Began())+pttl+2*time.Millisecond < queueTTL {
 			t.Fatalf("%s's lock expires %v from now, %v after its request: less than the TTL %v", who, pttl, time.Since(w.Began())+pttl, queueTTL)
 		}
 		if err := bs[i].Release(ctx, "k", h.Token); err != nil {
@@ -321,6 +324,7 @@ func TestGivingUpDoesNotWaitOutAHungStore(t *testing.T) {
 		t.Fatalf("Close took %v: it waited out the whole leave bound (%v) instead of at most %v", took, waitq.LeaveTimeout, waitq.LeaveWait)
 	}
 	px.Deliver(faultproxy.ToClient)
+	b.Close() // waits for the leave, which may have queued behind a held reply
 	if err := holder.Release(ctx, "k", tok); err != nil {
 		t.Fatal(err)
 	}

@@ -815,8 +815,9 @@ func capabilities(o options) backend.Capabilities {
 	}
 }
 
-// Close stops the backend's subscriptions. It closes the go-redis client only
-// when the backend was opened from a URL.
+// Close stops the backend's subscriptions, after waiting for the leaves of
+// waiters that gave up (each bounded by waitq.LeaveTimeout). It closes the
+// go-redis client only when the backend was opened from a URL.
 func (b *Backend) Close() error {
 	if !b.closed.CompareAndSwap(false, true) {
 		return nil
