@@ -1,0 +1,239 @@
+package simtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/memory"
+)
+
+// Backend is what a simulated connection offers package lock: the contract
+// and every optional interface that *memory.Client implements (it
+// implements neither backend.Queuer nor backend.LossNotifier, so neither is
+// offered).
+type Backend interface {
+	backend.Backend
+	backend.Notifier
+	backend.Describer
+	backend.Inspector
+	backend.Transferer
+}
+
+// ErrTimeout is what a simulated client library returns when no reply came
+// within its request timeout: the request was lost, its reply was lost, or
+// it is still on its way. The outcome is unknown to the caller.
+var ErrTimeout = errors.New("simtest: no reply within the request timeout (outcome unknown)")
+
+// network holds what the connections of one run share: the store, the
+// run's fault log, and whether per-request faults are on.
+type network struct {
+	store *memory.Store
+	ttl   time.Duration
+	log   *faultLog
+	mu    sync.Mutex
+	on    bool // per-request faults are drawn
+}
+
+func (n *network) faultsOn() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.on
+}
+
+func (n *network) setFaults(on bool) {
+	n.mu.Lock()
+	n.on = on
+	n.mu.Unlock()
+}
+
+// Conn is one client's simulated connection to the store: every request
+// travels to the store and its reply back with a delay, and, while faults
+// are on, may be lost on the way there, lost on the way back after the
+// store acted, applied twice, or delayed past the caller's context. Delays
+// are drawn per request, so requests overtake each other. A partition cuts
+// the connection for a while: requests and replies that would cross it then
+// are lost. Everything runs on the virtual clock of the synctest bubble the
+// run lives in.
+type Conn struct {
+	n       *network
+	id      int
+	mc      *memory.Client
+	timeout time.Duration // the simulated client library's request timeout
+
+	mu        sync.Mutex
+	rng       *rand.Rand // this connection's draws, seeded from the run's seed
+	partUntil time.Time  // cut off until then
+}
+
+var _ Backend = (*Conn)(nil)
+
+// plan is the fate of one request, drawn when it is sent.
+type plan struct {
+	out, back time.Duration // travel times to the store and back
+	lostReq   bool          // never reaches the store
+	lostReply bool          // the store acts; the reply never arrives
+	dup       time.Duration // > 0: reaches the store a second time, this much later
+	dupReply  bool          // the caller gets the second copy's reply
+}
+
+// latency draws a travel time: mostly short, sometimes ten times longer, so
+// that requests of one client overtake each other.
+func latency(r *rand.Rand) time.Duration {
+	d := time.Duration(r.Int64N(int64(2 * time.Millisecond)))
+	if r.IntN(20) == 0 {
+		d += time.Duration(r.Int64N(int64(20 * time.Millisecond)))
+	}
+	return d
+}
+
+// draw decides the fate of a request; it also logs faults worth replaying.
+func (c *Conn) draw(op, key string) plan {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r := c.rng
+	p := plan{out: latency(r), back: latency(r)}
+	x := r.IntN(1000) // drawn whether faults are on or not: the stream stays aligned
+	if !c.n.faultsOn() {
+		return p
+	}
+	ttl := c.n.ttl
+	var what string
+	switch {
+	case x < 15:
+		p.lostReq = true
+		what = "request lost"
+	case x < 30:
+		p.lostReply = true
+		what = "reply lost after the store acted"
+	case x < 45:
+		p.dup = time.Duration(1 + r.Int64N(int64(ttl/4)))
+		p.dupReply = r.IntN(2) == 0
+		what = fmt.Sprintf("request applied twice, %v apart (caller sees the %s reply)", p.dup, map[bool]string{false: "first", true: "second"}[p.dupReply])
+	case x < 55:
+		p.out += ttl/4 + time.Duration(r.Int64N(int64(2*ttl)))
+		what = fmt.Sprintf("request delayed %v", p.out)
+	case x < 65:
+		p.back += ttl/4 + time.Duration(r.Int64N(int64(2*ttl)))
+		what = fmt.Sprintf("reply delayed %v after the store acted", p.back)
+	default:
+		return p
+	}
+	c.n.log.add("client %d %s %q: %s", c.id, op, key, what)
+	return p
+}
+
+func (c *Conn) cutOff() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return time.Now().Before(c.partUntil)
+}
+
+// partition cuts the connection off for d from now.
+func (c *Conn) partition(d time.Duration) {
+	c.mu.Lock()
+	c.partUntil = time.Now().Add(d)
+	c.mu.Unlock()
+}
+
+// call sends one request: f is what the store does when it arrives.
+func call[T any](c *Conn, ctx context.Context, op, key string, f func(context.Context) (T, error)) (T, error) {
+	type reply struct {
+		v   T
+		err error
+	}
+	p := c.draw(op, key)
+	replies := make(chan reply, 1)
+	go func() {
+		time.Sleep(p.out)
+		if p.lostReq || c.cutOff() {
+			return
+		}
+		// The store acts whatever became of the caller: its context
+		// does not travel with the request.
+		v, err := f(context.Background())
+		if p.dup > 0 {
+			time.Sleep(p.dup)
+			v2, err2 := f(context.Background())
+			if p.dupReply {
+				v, err = v2, err2
+			}
+		}
+		time.Sleep(p.back)
+		if p.lostReply || c.cutOff() {
+			return
+		}
+		replies <- reply{v, err}
+	}()
+	timer := time.NewTimer(c.timeout)
+	defer timer.Stop()
+	var zero T
+	select {
+	case r := <-replies:
+		return r.v, r.err
+	case <-ctx.Done():
+		return zero, fmt.Errorf("simtest: %s %q: %w", op, key, ctx.Err())
+	case <-timer.C:
+		return zero, fmt.Errorf("simtest: %s %q: %w", op, key, ErrTimeout)
+	}
+}
+
+// Acquire implements backend.Backend.
+func (c *Conn) Acquire(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
+	return call(c, ctx, "acquire", key, func(ctx context.Context) (backend.Grant, error) {
+		return c.mc.Acquire(ctx, key, token, ttl)
+	})
+}
+
+// Renew implements backend.Backend.
+func (c *Conn) Renew(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
+	return call(c, ctx, "renew", key, func(ctx context.Context) (backend.Grant, error) {
+		return c.mc.Renew(ctx, key, token, ttl)
+	})
+}
+
+// Release implements backend.Backend.
+func (c *Conn) Release(ctx context.Context, key, token string) error {
+	_, err := call(c, ctx, "release", key, func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, c.mc.Release(ctx, key, token)
+	})
+	return err
+}
+
+// Transfer implements backend.Transferer.
+func (c *Conn) Transfer(ctx context.Context, key, from, to string, ttl time.Duration, opt backend.TransferOptions) (backend.Transferred, error) {
+	return call(c, ctx, "transfer", key, func(ctx context.Context) (backend.Transferred, error) {
+		return c.mc.Transfer(ctx, key, from, to, ttl, opt)
+	})
+}
+
+// Watch implements backend.Notifier. Setting a watch up takes a round trip
+// without faults; a client cut off gets an error (package lock then backs
+// off instead). Wake-ups arrive at once.
+func (c *Conn) Watch(ctx context.Context, key string) (backend.Watch, error) {
+	if c.cutOff() {
+		return nil, fmt.Errorf("simtest: watch %q: %w", key, ErrTimeout)
+	}
+	return c.mc.Watch(ctx, key)
+}
+
+// Inspect implements backend.Inspector, for the checkers: no faults.
+func (c *Conn) Inspect(ctx context.Context, key string) (backend.Holder, error) {
+	return c.mc.Inspect(ctx, key)
+}
+
+// Capabilities implements backend.Describer: the memory store's, but not
+// in this process, so that package lock takes its paths for networked
+// stores (its per-client queue, transfers, cleanups of unknown outcomes).
+func (c *Conn) Capabilities() backend.Capabilities {
+	caps := c.mc.Capabilities()
+	caps.InProcess = false
+	return caps
+}
+
+// Close implements backend.Backend.
+func (c *Conn) Close() error { return c.mc.Close() }

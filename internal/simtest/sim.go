@@ -1,0 +1,381 @@
+// Package simtest is a deterministic simulation harness for package lock:
+// the library's real code (clients, leases, watchdog, per-client queue,
+// handover, cleanups) runs inside a testing/synctest bubble, on its virtual
+// clock, against the memory store, with a seeded simulated network between
+// each client and the store (see Conn), and every run is checked (see
+// check.go).
+//
+// Run must be called inside a synctest bubble (synctest.Test): the harness
+// sleeps on the virtual clock, so a run of minutes of simulated time costs
+// milliseconds. The tests in this package drive it; see sim_test.go for the
+// flags that replay one seed or run many.
+//
+// What a seed decides: the timed faults (partitions, store pauses and
+// restarts) and each connection's and each worker's stream of draws (the
+// fate of each request, the workload's choices). What it does not: the
+// order in which goroutines runnable at the same virtual instant run, and
+// package lock's own jitter (math/rand's global source). A replay repeats
+// the schedule; the interleaving may differ, so a failure found once may
+// need a few replays, and the fault log of the failing run is printed
+// with it.
+package simtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/distlock/lock"
+	"github.com/distlock/lock/fence"
+	"github.com/distlock/lock/memory"
+)
+
+// Config is one simulated run.
+type Config struct {
+	Seed    uint64
+	Clients int           // lock.Clients, each over a connection of its own (default 3)
+	Workers int           // goroutines per client (default 3)
+	Keys    int           // keys they share (default 2)
+	TTL     time.Duration // lease TTL (default 1s)
+	// Faulty is how long the phase with faults lasts (default 30 TTLs);
+	// a phase without faults follows, where every waiter must be served
+	// and nothing may be left behind.
+	Faulty time.Duration
+	// Wrap, if set, wraps each connection before package lock gets it:
+	// for negative controls, which break the backend contract on purpose
+	// and require the checkers to notice.
+	Wrap func(Backend) Backend
+}
+
+func (c *Config) defaults() {
+	if c.Clients <= 0 {
+		c.Clients = 3
+	}
+	if c.Workers <= 0 {
+		c.Workers = 3
+	}
+	if c.Keys <= 0 {
+		c.Keys = 2
+	}
+	if c.TTL <= 0 {
+		c.TTL = time.Second
+	}
+	if c.Faulty <= 0 {
+		c.Faulty = 30 * c.TTL
+	}
+}
+
+// Result is what a run saw.
+type Result struct {
+	Seed     uint64
+	Sections int // critical sections: leases granted and used
+	Lost     int // leases lost before their release
+	// DeadOnArrival counts leases Acquire returned after their deadline
+	// had passed (the grant's reply came late): lost as they were made.
+	DeadOnArrival int
+	Cancelled     int           // acquires that ended with their context
+	Simulated     time.Duration // virtual time the run took
+	Faults        []string      // the fault schedule, with virtual times
+	Violations    []string
+}
+
+// faultLog records the faults of a run with their virtual times.
+type faultLog struct {
+	start time.Time
+	mu    sync.Mutex
+	lines []string
+	more  int // lines not kept
+}
+
+const maxFaultLines = 5000
+
+func (l *faultLog) add(format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.lines) >= maxFaultLines {
+		l.more++
+		return
+	}
+	l.lines = append(l.lines, fmt.Sprintf("%v ", time.Since(l.start))+fmt.Sprintf(format, args...))
+}
+
+// Run makes one simulated run and checks it. Call it inside a synctest
+// bubble.
+func Run(cfg Config) *Result {
+	cfg.defaults()
+	ttl := cfg.TTL
+	rng := rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15))
+	sub := func() *rand.Rand { return rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64())) }
+	start := time.Now()
+	log := &faultLog{start: start}
+
+	store := memory.NewStore()
+	// Requests overtake each other on the simulated network: the store
+	// must keep released tokens dead, as a networked one does (see
+	// memory.Store.KeepDeadTokens and package netstore).
+	store.KeepDeadTokens(memory.DeadTokenTTL)
+	n := &network{store: store, ttl: ttl, log: log}
+	// The request timeout of the simulated client library: from a
+	// fifth of the TTL (renewals time out and are tried again) to twice
+	// the TTL (renewals hang past the lease's deadline).
+	timeout := ttl/5 + time.Duration(rng.Int64N(int64(2*ttl)))
+	log.add("request timeout %v", timeout)
+	conns := make([]*Conn, cfg.Clients)
+	clients := make([]*lock.Client, cfg.Clients)
+	for i := range conns {
+		conns[i] = &Conn{n: n, id: i, mc: store.NewClient(), timeout: timeout, rng: sub()}
+		var b Backend = conns[i]
+		if cfg.Wrap != nil {
+			b = cfg.Wrap(b)
+		}
+		c, err := lock.New(b, lock.WithTTL(ttl))
+		if err != nil {
+			return &Result{Seed: cfg.Seed, Violations: []string{"lock.New: " + err.Error()}}
+		}
+		clients[i] = c
+	}
+	keys := make([]string, cfg.Keys)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("k%d", i)
+	}
+
+	h := &history{ttl: ttl, drift: lock.DefaultDrift(ttl), start: start}
+	var guard fence.Guard
+
+	// Phase 1: faults.
+	n.setFaults(true)
+	faultyEnd := start.Add(cfg.Faulty)
+	var wg sync.WaitGroup
+	for ci, c := range clients {
+		for wi := 0; wi < cfg.Workers; wi++ {
+			w := &worker{client: ci, id: wi, c: c, keys: keys, ttl: ttl, rng: sub(), h: h, guard: &guard}
+			wg.Go(func() { w.faulty(faultyEnd) })
+		}
+	}
+	schedule(rng, log, store, conns, ttl, faultyEnd)
+	n.setFaults(false)
+	wg.Wait()
+
+	// Phase 2: no faults (latency only). Wait until every request of the
+	// faulty phase has landed and every lock it left has expired, then
+	// every worker takes its keys again with a patient context (each must
+	// be served: liveness) and gives up on a few acquires on purpose
+	// (each must leave nothing behind).
+	time.Sleep(2*timeout + 6*ttl)
+	if held := store.Len(); held != 0 {
+		h.violate("%d locks still held %v after the faults stopped, longer than any request travels plus the TTL", held, time.Since(faultyEnd))
+	}
+	if n := store.Watchers(); n != 0 {
+		h.violate("%d watches open on the store after the faulty phase, with no acquire running", n)
+	}
+	for ci, c := range clients {
+		for wi := 0; wi < cfg.Workers; wi++ {
+			w := &worker{client: ci, id: wi, c: c, keys: keys, ttl: ttl, rng: sub(), h: h, guard: &guard}
+			wg.Go(w.calm)
+		}
+	}
+	wg.Wait()
+	for _, c := range clients {
+		c.Close() // waits for the clients' cleanups
+	}
+	// In-flight requests land within two latencies of the last reply.
+	time.Sleep(50 * time.Millisecond)
+	checkLeftovers(h, store, keys)
+
+	res := &Result{Seed: cfg.Seed, Simulated: time.Since(start)}
+	h.check(res)
+	log.mu.Lock()
+	res.Faults = append(res.Faults, log.lines...)
+	if log.more > 0 {
+		res.Faults = append(res.Faults, fmt.Sprintf("(%d more)", log.more))
+	}
+	log.mu.Unlock()
+	return res
+}
+
+// checkLeftovers checks that the store holds no lock and no watch once
+// every client is closed: the calm phase's cancelled acquires left nothing
+// behind. Locks of the calm phase would still be within their TTL here.
+func checkLeftovers(h *history, store *memory.Store, keys []string) {
+	if h.lastGrant().Add(h.ttl).Before(time.Now()) {
+		h.violate("the leftover check came more than a TTL after the calm phase's last grant: it proves nothing (the harness's fault)")
+	}
+	inspect := store.NewClient()
+	for _, k := range keys {
+		hd, err := inspect.Inspect(context.Background(), k)
+		if err != nil {
+			h.violate("inspect %q: %v", k, err)
+			continue
+		}
+		if hd.Held {
+			h.violate("after the calm phase, with every client closed, the store still holds %q (fence %d, %v left): an acquire or a release left it behind", k, hd.Fence, hd.Remaining)
+		}
+	}
+	if n := store.Watchers(); n != 0 {
+		h.violate("%d watches left open on the store after every client closed", n)
+	}
+}
+
+// schedule injects the timed faults until end, one at a time: a partition
+// of one client, a store pause, a restart keeping data. It heals each
+// before the next.
+func schedule(rng *rand.Rand, log *faultLog, store *memory.Store, conns []*Conn, ttl time.Duration, end time.Time) {
+	for {
+		wait := ttl + time.Duration(rng.Int64N(int64(3*ttl)))
+		d := []time.Duration{ttl / 2, 2 * ttl, ttl / 10}[rng.IntN(3)]
+		kind := rng.IntN(3)
+		target := rng.IntN(len(conns))
+		if time.Now().Add(wait + d).After(end) {
+			time.Sleep(time.Until(end))
+			return
+		}
+		time.Sleep(wait)
+		switch kind {
+		case 0:
+			log.add("client %d cut off for %v", target, d)
+			conns[target].partition(d)
+			time.Sleep(d)
+		case 1:
+			log.add("store paused for %v", d)
+			store.Pause()
+			time.Sleep(d)
+			store.Resume()
+		case 2:
+			log.add("store restarted, keeping its data")
+			store.Restart(memory.KeepData)
+		}
+	}
+}
+
+// worker is one goroutine of one client taking locks.
+type worker struct {
+	client, id int
+	c          *lock.Client
+	keys       []string
+	ttl        time.Duration
+	rng        *rand.Rand
+	h          *history
+	guard      *fence.Guard
+}
+
+// section kinds
+const (
+	kindRenewed = iota // watchdog on, holds up to 2 TTLs, stops when lost
+	kindShort          // watchdog off, holds less than the TTL
+	kindStall          // watchdog off, holds past the TTL without looking: a stalled process
+)
+
+var kindNames = [...]string{"renewed", "short", "stalled"}
+
+func (w *worker) faulty(end time.Time) {
+	ttl, r := w.ttl, w.rng
+	for time.Now().Before(end) {
+		key := w.keys[r.IntN(len(w.keys))]
+		kind := []int{kindRenewed, kindRenewed, kindShort, kindStall}[r.IntN(4)]
+		var hold time.Duration
+		switch kind {
+		case kindRenewed:
+			hold = time.Duration(r.Int64N(int64(2 * ttl)))
+		case kindShort:
+			hold = time.Duration(r.Int64N(int64(ttl * 9 / 10)))
+		case kindStall:
+			hold = ttl + time.Duration(r.Int64N(int64(ttl)))
+		}
+		wait := r.IntN(4) > 0
+		patience := 5 * ttl
+		if r.IntN(3) == 0 {
+			patience = time.Duration(r.Int64N(int64(ttl))) // often ends while waiting or in flight
+		}
+		pause := time.Duration(r.Int64N(int64(ttl / 10)))
+		err := w.section(key, kind, hold, wait, patience)
+		if err != nil {
+			time.Sleep(pause) // the caller's own pace after a refusal
+		}
+	}
+}
+
+// calm is the phase without faults: two sections per key that must be
+// served, and an acquire given up on purpose.
+func (w *worker) calm() {
+	ttl, r := w.ttl, w.rng
+	for i := 0; i < 2*len(w.keys); i++ {
+		key := w.keys[i%len(w.keys)]
+		if r.IntN(3) == 0 {
+			w.section(key, kindShort, 0, true, time.Duration(r.Int64N(int64(ttl/20)))) // may be cancelled; must leave nothing
+		}
+		// Liveness: with faults gone, a patient waiter is served. The
+		// bound is generous: every other worker's sections in this
+		// phase, one after another.
+		if err := w.section(key, kindShort, time.Duration(r.Int64N(int64(ttl/4))), true, 200*ttl); err != nil {
+			w.h.violate("liveness: client %d worker %d was not served %q within %v after the faults stopped: %v", w.client, w.id, key, 200*ttl, err)
+		}
+	}
+}
+
+// section takes key, holds it as kind says, writes to the fenced resource
+// at the start and at the end, releases, and records the lease.
+func (w *worker) section(key string, kind int, hold time.Duration, wait bool, patience time.Duration) error {
+	var opts []lock.Option
+	if kind != kindRenewed {
+		opts = append(opts, lock.WithAutoRenew(false))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	var l *lock.Lease
+	var err error
+	if wait {
+		l, err = w.c.Acquire(ctx, key, opts...)
+	} else {
+		l, err = w.c.TryAcquire(ctx, key, opts...)
+	}
+	cancel()
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			w.h.cancelled()
+		}
+		return err
+	}
+	rec := &leaseRec{client: w.client, worker: w.id, key: key, kind: kind, fence: l.Fence(), token: l.Token(), start: time.Now()}
+	rec.observe(l)
+	done := make(chan time.Time, 1)
+	go func() { <-l.Done(); done <- time.Now() }()
+
+	w.write(rec, l)
+	if kind == kindStall {
+		time.Sleep(hold) // not looking at the lease
+	} else {
+		t := time.NewTimer(hold)
+		select {
+		case <-t.C:
+		case <-l.Done():
+		}
+		t.Stop()
+	}
+	rec.observe(l)
+	if kind == kindStall || l.Err() == nil {
+		w.write(rec, l) // a stalled holder writes without looking: the resource must refuse it if stale
+	}
+	rctx, rcancel := context.WithTimeout(context.Background(), w.ttl)
+	rec.release = time.Now()
+	rec.relErr = l.Release(rctx)
+	rcancel()
+	rec.done = <-done
+	rec.observe(l)
+	rec.err = l.Err()
+	w.h.add(rec)
+	return nil
+}
+
+// write writes to the fenced resource key with the lease's fence.
+func (w *worker) write(rec *leaseRec, l *lock.Lease) {
+	err := w.guard.Do(rec.key, l.Fence(), l.Token(), func() error { return nil })
+	valid := time.Now().Before(l.Deadline()) && l.Err() == nil
+	switch {
+	case errors.Is(err, fence.ErrStale) && valid:
+		w.h.violate("client %d: the fenced resource %q refused fence %d of a lease that is still valid (deadline in %v): a newer fence was accepted while this lease was valid, or fences went backwards: %v", w.client, rec.key, l.Fence(), time.Until(l.Deadline()), err)
+	case err != nil && !errors.Is(err, fence.ErrStale):
+		w.h.violate("client %d: fenced write to %q: %v", w.client, rec.key, err)
+	}
+}

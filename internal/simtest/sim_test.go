@@ -1,0 +1,154 @@
+package simtest
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/distlock/lock/backend"
+)
+
+var (
+	simSeed  = flag.String("simseed", "", "replay this one seed of TestSim (as printed by a failing run)")
+	simSeeds = flag.Int("simseeds", 150, "how many seeds TestSim runs")
+	simBase  = flag.String("simbase", "", "the first seed of TestSim's run (default: a random one, printed)")
+	simV     = flag.Bool("simv", false, "log every seed's summary")
+)
+
+// seeds returns the seeds to run: the -simseed one, or -simseeds from
+// -simbase (random unless given).
+func seeds(t *testing.T) []uint64 {
+	if *simSeed != "" {
+		s, err := strconv.ParseUint(*simSeed, 10, 64)
+		if err != nil {
+			t.Fatalf("-simseed=%q: want a seed printed by an earlier run", *simSeed)
+		}
+		return []uint64{s}
+	}
+	base := rand.Uint64() >> 1
+	if *simBase != "" {
+		b, err := strconv.ParseUint(*simBase, 10, 64)
+		if err != nil {
+			t.Fatalf("-simbase=%q: want a number", *simBase)
+		}
+		base = b
+	}
+	out := make([]uint64, *simSeeds)
+	for i := range out {
+		out[i] = base + uint64(i)
+	}
+	return out
+}
+
+// runSeed runs one seed in a bubble of its own. A deadlock in the bubble
+// (synctest panics) is reported as a violation of that seed.
+func runSeed(t *testing.T, cfg Config) (res *Result) {
+	defer func() {
+		if p := recover(); p != nil {
+			res = &Result{Seed: cfg.Seed, Violations: []string{fmt.Sprintf("the bubble failed: %v", p)}}
+		}
+	}()
+	synctest.Test(t, func(t *testing.T) { res = Run(cfg) })
+	return res
+}
+
+// tally sums up runs for the report line.
+type tally struct {
+	seeds, sections, lost, cancelled int
+	simulated                        time.Duration
+	begin                            time.Time
+}
+
+func (ta *tally) add(r *Result) {
+	ta.seeds++
+	ta.sections += r.Sections
+	ta.lost += r.Lost
+	ta.cancelled += r.Cancelled
+	ta.simulated += r.Simulated
+}
+
+func (ta *tally) String() string {
+	wall := time.Since(ta.begin)
+	return fmt.Sprintf("%d seeds in %v (%.1f seeds/s): %d critical sections (%d lost, %d acquires cancelled), %.2f simulated hours (%.2f simulated hours per wall second)",
+		ta.seeds, wall.Round(time.Millisecond), float64(ta.seeds)/wall.Seconds(), ta.sections, ta.lost, ta.cancelled, ta.simulated.Hours(), ta.simulated.Hours()/wall.Seconds())
+}
+
+func failure(r *Result) string {
+	return fmt.Sprintf("seed %d: %d violations (replay: go test -race -run 'TestSim$' ./internal/simtest -simseed=%d):\n  %s\nfault schedule:\n  %s",
+		r.Seed, len(r.Violations), r.Seed, strings.Join(r.Violations, "\n  "), strings.Join(r.Faults, "\n  "))
+}
+
+// TestSim runs package lock's real code against the memory store over the
+// simulated network, one seed after another, and fails on any violation.
+func TestSim(t *testing.T) {
+	ss := seeds(t)
+	if *simSeed == "" {
+		t.Logf("seeds %d to %d (replay one with -simseed=N)", ss[0], ss[len(ss)-1])
+	}
+	ta := &tally{begin: time.Now()}
+	failed := 0
+	for _, seed := range ss {
+		r := runSeed(t, Config{Seed: seed})
+		ta.add(r)
+		if *simV {
+			t.Logf("seed %d: %d sections, %d lost, %v simulated, %d faults", seed, r.Sections, r.Lost, r.Simulated, len(r.Faults))
+		}
+		if len(r.Violations) > 0 {
+			t.Error(failure(r))
+			if failed++; failed == 3 {
+				break
+			}
+		}
+	}
+	t.Log(ta)
+}
+
+// shortTTL is a deliberately broken backend: it asks the store for a
+// quarter of the TTL it is given and reports the full one, so that the
+// store expires locks while their leases still count as valid. The
+// harness must catch it.
+type shortTTL struct{ Backend }
+
+func (b shortTTL) Acquire(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
+	g, err := b.Backend.Acquire(ctx, key, token, ttl/4)
+	g.TTL = ttl
+	return g, err
+}
+
+func (b shortTTL) Renew(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
+	g, err := b.Backend.Renew(ctx, key, token, ttl/4)
+	g.TTL = ttl
+	return g, err
+}
+
+func (b shortTTL) Transfer(ctx context.Context, key, from, to string, ttl time.Duration, opt backend.TransferOptions) (backend.Transferred, error) {
+	tr, err := b.Backend.Transfer(ctx, key, from, to, ttl/4, opt)
+	tr.TTL = ttl
+	return tr, err
+}
+
+// TestSimCatchesShortTTL proves that the checkers can fail: over a backend
+// whose store enforces a quarter of the TTL it reports, some seed of the
+// CI budget must show an overlap.
+func TestSimCatchesShortTTL(t *testing.T) {
+	ss := seeds(t)
+	ta := &tally{begin: time.Now()}
+	for i, seed := range ss {
+		r := runSeed(t, Config{Seed: seed, Wrap: func(b Backend) Backend { return shortTTL{b} }})
+		ta.add(r)
+		for _, v := range r.Violations {
+			if strings.Contains(v, "overlap on") {
+				t.Logf("seed %d (the %d. run) caught the broken backend: %s", seed, i+1, v)
+				t.Log(ta)
+				return
+			}
+		}
+	}
+	t.Errorf("no overlap found over a backend whose store enforces a quarter of the TTL it reports, in %d seeds: the checkers cannot fail", len(ss))
+}
