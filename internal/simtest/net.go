@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -36,7 +37,8 @@ type network struct {
 	ttl   time.Duration
 	log   *faultLog
 	mu    sync.Mutex
-	on    bool // per-request faults are drawn
+	on    bool           // per-request faults are drawn
+	sent  map[string]int // requests sent, by operation
 }
 
 func (n *network) faultsOn() bool {
@@ -66,8 +68,30 @@ type Conn struct {
 	timeout time.Duration // the simulated client library's request timeout
 
 	mu        sync.Mutex
-	rng       *rand.Rand // this connection's draws, seeded from the run's seed
-	partUntil time.Time  // cut off until then
+	seed      uint64                // this connection's, drawn from the run's seed
+	streams   map[string]*rand.Rand // a stream of draws per operation and key
+	partUntil time.Time             // cut off until then
+}
+
+// stream returns the draws of op on key. One stream per operation and key,
+// not one per connection: this client's requests for one key are mostly
+// sent one after another (its per-client queue lets one goroutine at a
+// time ask the store for a key), while requests for different keys race,
+// and a replay would otherwise hand their fates out in another order.
+// c.mu must be held.
+func (c *Conn) stream(op, key string) *rand.Rand {
+	name := op + "\x00" + key
+	r := c.streams[name]
+	if r == nil {
+		h := fnv.New64a()
+		h.Write([]byte(name))
+		r = rand.New(rand.NewPCG(c.seed, h.Sum64()))
+		if c.streams == nil {
+			c.streams = map[string]*rand.Rand{}
+		}
+		c.streams[name] = r
+	}
+	return r
 }
 
 var _ Backend = (*Conn)(nil)
@@ -93,9 +117,15 @@ func latency(r *rand.Rand) time.Duration {
 
 // draw decides the fate of a request; it also logs faults worth replaying.
 func (c *Conn) draw(op, key string) plan {
+	c.n.mu.Lock()
+	if c.n.sent == nil {
+		c.n.sent = map[string]int{}
+	}
+	c.n.sent[op]++
+	c.n.mu.Unlock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	r := c.rng
+	r := c.stream(op, key)
 	p := plan{out: latency(r), back: latency(r)}
 	x := r.IntN(1000) // drawn whether faults are on or not: the stream stays aligned
 	if !c.n.faultsOn() {
@@ -206,7 +236,11 @@ func (c *Conn) Release(ctx context.Context, key, token string) error {
 
 // Transfer implements backend.Transferer.
 func (c *Conn) Transfer(ctx context.Context, key, from, to string, ttl time.Duration, opt backend.TransferOptions) (backend.Transferred, error) {
-	return call(c, ctx, "transfer", key, func(ctx context.Context) (backend.Transferred, error) {
+	op := "transfer"
+	if opt.Fence > 0 {
+		op = "transfer (handover ahead of the store)"
+	}
+	return call(c, ctx, op, key, func(ctx context.Context) (backend.Transferred, error) {
 		return c.mc.Transfer(ctx, key, from, to, ttl, opt)
 	})
 }

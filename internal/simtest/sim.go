@@ -11,19 +11,25 @@
 // flags that replay one seed or run many.
 //
 // What a seed decides: the timed faults (partitions, store pauses and
-// restarts) and each connection's and each worker's stream of draws (the
-// fate of each request, the workload's choices). What it does not: the
-// order in which goroutines runnable at the same virtual instant run, and
-// package lock's own jitter (math/rand's global source). A replay repeats
-// the schedule; the interleaving may differ, so a failure found once may
-// need a few replays, and the fault log of the failing run is printed
-// with it.
+// restarts, with their virtual times), the request timeout, each worker's
+// choices (keys, kinds of sections, hold times, patience), and per client,
+// operation and key, the stream of request fates (latencies, losses,
+// duplicates, delays). What it does not decide: the order in which
+// goroutines runnable at the same virtual instant run (the race detector
+// shuffles the run queue, and select picks among ready cases at random),
+// and package lock's own jitter (math/rand/v2's global source, which
+// cannot be seeded). So a replay repeats the timed schedule exactly
+// (TestSimReplay checks it), but the interleaving, and with it which
+// request draws which fate, diverges within the first simulated seconds;
+// replaying a failing seed runs it several times (-simtries), and the
+// failing run's own fault log is printed with its violations.
 package simtest
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -76,9 +82,10 @@ type Result struct {
 	// DeadOnArrival counts leases Acquire returned after their deadline
 	// had passed (the grant's reply came late): lost as they were made.
 	DeadOnArrival int
-	Cancelled     int           // acquires that ended with their context
-	Simulated     time.Duration // virtual time the run took
-	Faults        []string      // the fault schedule, with virtual times
+	Cancelled     int            // acquires that ended with their context
+	Simulated     time.Duration  // virtual time the run took
+	Faults        []string       // the fault schedule, with virtual times
+	Requests      map[string]int // requests sent, by operation
 	Violations    []string
 }
 
@@ -126,7 +133,7 @@ func Run(cfg Config) *Result {
 	conns := make([]*Conn, cfg.Clients)
 	clients := make([]*lock.Client, cfg.Clients)
 	for i := range conns {
-		conns[i] = &Conn{n: n, id: i, mc: store.NewClient(), timeout: timeout, rng: sub()}
+		conns[i] = &Conn{n: n, id: i, mc: store.NewClient(), timeout: timeout, seed: rng.Uint64()}
 		var b Backend = conns[i]
 		if cfg.Wrap != nil {
 			b = cfg.Wrap(b)
@@ -186,6 +193,9 @@ func Run(cfg Config) *Result {
 	checkLeftovers(h, store, keys)
 
 	res := &Result{Seed: cfg.Seed, Simulated: time.Since(start)}
+	n.mu.Lock()
+	res.Requests = maps.Clone(n.sent)
+	n.mu.Unlock()
 	h.check(res)
 	log.mu.Lock()
 	res.Faults = append(res.Faults, log.lines...)

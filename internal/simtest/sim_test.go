@@ -4,7 +4,9 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -19,6 +21,7 @@ var (
 	simSeeds = flag.Int("simseeds", 150, "how many seeds TestSim runs")
 	simBase  = flag.String("simbase", "", "the first seed of TestSim's run (default: a random one, printed)")
 	simV     = flag.Bool("simv", false, "log every seed's summary")
+	simTries = flag.Int("simtries", 20, "with -simseed: run the seed up to this many times, until one fails (a seed fixes the fault schedule, not the interleaving)")
 )
 
 // seeds returns the seeds to run: the -simseed one, or -simseeds from
@@ -63,6 +66,7 @@ type tally struct {
 	seeds, sections, lost, cancelled int
 	simulated                        time.Duration
 	begin                            time.Time
+	requests                         map[string]int
 }
 
 func (ta *tally) add(r *Result) {
@@ -71,12 +75,23 @@ func (ta *tally) add(r *Result) {
 	ta.lost += r.Lost
 	ta.cancelled += r.Cancelled
 	ta.simulated += r.Simulated
+	if ta.requests == nil {
+		ta.requests = map[string]int{}
+	}
+	for op, n := range r.Requests {
+		ta.requests[op] += n
+	}
 }
 
 func (ta *tally) String() string {
 	wall := time.Since(ta.begin)
-	return fmt.Sprintf("%d seeds in %v (%.1f seeds/s): %d critical sections (%d lost, %d acquires cancelled), %.2f simulated hours (%.2f simulated hours per wall second)",
-		ta.seeds, wall.Round(time.Millisecond), float64(ta.seeds)/wall.Seconds(), ta.sections, ta.lost, ta.cancelled, ta.simulated.Hours(), ta.simulated.Hours()/wall.Seconds())
+	ops := slices.Sorted(maps.Keys(ta.requests))
+	var reqs []string
+	for _, op := range ops {
+		reqs = append(reqs, fmt.Sprintf("%s %d", op, ta.requests[op]))
+	}
+	return fmt.Sprintf("%d seeds in %v (%.1f seeds/s): %d critical sections (%d lost, %d acquires cancelled), %.2f simulated hours (%.2f simulated hours per wall second); requests: %s",
+		ta.seeds, wall.Round(time.Millisecond), float64(ta.seeds)/wall.Seconds(), ta.sections, ta.lost, ta.cancelled, ta.simulated.Hours(), ta.simulated.Hours()/wall.Seconds(), strings.Join(reqs, ", "))
 }
 
 func failure(r *Result) string {
@@ -93,9 +108,22 @@ func TestSim(t *testing.T) {
 	}
 	ta := &tally{begin: time.Now()}
 	failed := 0
+	tries := 1
+	if *simSeed != "" {
+		tries = max(1, *simTries)
+	}
 	for _, seed := range ss {
-		r := runSeed(t, Config{Seed: seed})
-		ta.add(r)
+		var r *Result
+		for try := 0; try < tries; try++ {
+			r = runSeed(t, Config{Seed: seed})
+			ta.add(r)
+			if len(r.Violations) > 0 {
+				if tries > 1 {
+					t.Logf("seed %d failed on try %d", seed, try+1)
+				}
+				break
+			}
+		}
 		if *simV {
 			t.Logf("seed %d: %d sections, %d lost, %v simulated, %d faults", seed, r.Sections, r.Lost, r.Simulated, len(r.Faults))
 		}
