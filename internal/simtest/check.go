@@ -78,17 +78,26 @@ type history struct {
 	mu         sync.Mutex
 	leases     []*leaseRec
 	violations []string
+	kinds      map[string]int // violations seen, by format
+	dropped    int            // violations not kept
 	nCancelled int
 }
 
-const maxViolations = 50
+// maxViolations bounds the violations kept of each kind (each call site's
+// format is a kind), so that one checker's flood does not hide another's.
+const maxViolations = 10
 
 func (h *history) violate(format string, args ...any) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if len(h.violations) < maxViolations {
-		h.violations = append(h.violations, fmt.Sprintf("%v ", time.Since(h.start))+fmt.Sprintf(format, args...))
+	if h.kinds == nil {
+		h.kinds = map[string]int{}
 	}
+	if h.kinds[format]++; h.kinds[format] > maxViolations {
+		h.dropped++
+		return
+	}
+	h.violations = append(h.violations, fmt.Sprintf("%v ", time.Since(h.start))+fmt.Sprintf(format, args...))
 }
 
 func (h *history) add(r *leaseRec) {
@@ -176,5 +185,8 @@ func (h *history) check(res *Result) {
 	}
 	h.mu.Lock()
 	res.Violations = slices.Clone(h.violations)
+	if h.dropped > 0 {
+		res.Violations = append(res.Violations, fmt.Sprintf("(%d more violations of the kinds above)", h.dropped))
+	}
 	h.mu.Unlock()
 }

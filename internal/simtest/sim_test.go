@@ -2,6 +2,7 @@ package simtest
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"maps"
@@ -9,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -137,46 +139,112 @@ func TestSim(t *testing.T) {
 	t.Log(ta)
 }
 
-// shortTTL is a deliberately broken backend: it asks the store for a
-// quarter of the TTL it is given and reports the full one, so that the
-// store expires locks while their leases still count as valid. The
-// harness must catch it.
-type shortTTL struct{ Backend }
+// Deliberately broken backends, each wrapping a simulated connection: the
+// negative controls of TestSimCatchesBrokenBackends. Their flaws live here,
+// in the test, and nowhere else.
+
+// shortTTL asks the store for num/den of the TTL it is given and reports
+// the full one, so that the store expires locks while their leases still
+// count as valid.
+type shortTTL struct {
+	Backend
+	num, den time.Duration
+}
 
 func (b shortTTL) Acquire(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
-	g, err := b.Backend.Acquire(ctx, key, token, ttl/4)
-	g.TTL = ttl
+	g, err := b.Backend.Acquire(ctx, key, token, ttl*b.num/b.den)
+	g.TTL = 0 // "as asked"
 	return g, err
 }
 
 func (b shortTTL) Renew(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
-	g, err := b.Backend.Renew(ctx, key, token, ttl/4)
-	g.TTL = ttl
+	g, err := b.Backend.Renew(ctx, key, token, ttl*b.num/b.den)
+	g.TTL = 0
 	return g, err
 }
 
 func (b shortTTL) Transfer(ctx context.Context, key, from, to string, ttl time.Duration, opt backend.TransferOptions) (backend.Transferred, error) {
-	tr, err := b.Backend.Transfer(ctx, key, from, to, ttl/4, opt)
-	tr.TTL = ttl
+	tr, err := b.Backend.Transfer(ctx, key, from, to, ttl*b.num/b.den, opt)
+	tr.TTL = 0
 	return tr, err
 }
 
-// TestSimCatchesShortTTL proves that the checkers can fail: over a backend
-// whose store enforces a quarter of the TTL it reports, some seed of the
-// CI budget must show an overlap.
-func TestSimCatchesShortTTL(t *testing.T) {
-	ss := seeds(t)
-	ta := &tally{begin: time.Now()}
-	for i, seed := range ss {
-		r := runSeed(t, Config{Seed: seed, Wrap: func(b Backend) Backend { return shortTTL{b} }})
-		ta.add(r)
-		for _, v := range r.Violations {
-			if strings.Contains(v, "overlap on") {
-				t.Logf("seed %d (the %d. run) caught the broken backend: %s", seed, i+1, v)
-				t.Log(ta)
-				return
-			}
-		}
+// optimisticRenew answers a renewal whose reply did not come in time as if
+// it had succeeded: a retry layer that assumes the best.
+type optimisticRenew struct{ Backend }
+
+func (b optimisticRenew) Renew(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
+	g, err := b.Backend.Renew(ctx, key, token, ttl)
+	if errors.Is(err, ErrTimeout) {
+		return backend.Grant{}, nil
 	}
-	t.Errorf("no overlap found over a backend whose store enforces a quarter of the TTL it reports, in %d seeds: the checkers cannot fail", len(ss))
+	return g, err
+}
+
+// phantomGrant answers an acquire whose reply did not come in time as a
+// grant, with a fence above every real one: Acquire succeeds without the
+// store.
+type phantomGrant struct {
+	Backend
+	fences *atomic.Uint64
+}
+
+func (b phantomGrant) Acquire(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
+	g, err := b.Backend.Acquire(ctx, key, token, ttl)
+	if errors.Is(err, ErrTimeout) {
+		return backend.Grant{Fence: 1<<40 + b.fences.Add(1)}, nil
+	}
+	return g, err
+}
+
+// wrappedFence reports fences modulo a small number: they repeat and go
+// backwards.
+type wrappedFence struct{ Backend }
+
+func (b wrappedFence) Acquire(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
+	g, err := b.Backend.Acquire(ctx, key, token, ttl)
+	if g.Fence > 0 {
+		g.Fence = g.Fence%7 + 1
+	}
+	return g, err
+}
+
+// TestSimCatchesBrokenBackends proves that the checkers can fail: over each
+// deliberately broken backend, some seed of the CI budget must show the
+// violation the flaw causes. It logs how many seeds each took.
+func TestSimCatchesBrokenBackends(t *testing.T) {
+	cases := []struct {
+		name string
+		wrap func(Backend) Backend
+		want string // in a violation
+	}{
+		{"store enforces a quarter of the TTL", func(b Backend) Backend { return shortTTL{b, 1, 4} }, "overlap on"},
+		{"store enforces 90% of the TTL", func(b Backend) Backend { return shortTTL{b, 9, 10} }, "overlap on"},
+		{"renewal of unknown outcome taken as success", func(b Backend) Backend { return optimisticRenew{b} }, "overlap on"},
+		{"acquire of unknown outcome taken as a grant", nil, "overlap on"},
+		{"fences wrap around", func(b Backend) Backend { return wrappedFence{b} }, "fence"},
+	}
+	ss := seeds(t)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ta := &tally{begin: time.Now()}
+			for i, seed := range ss {
+				wrap := tc.wrap
+				if wrap == nil {
+					fences := new(atomic.Uint64)
+					wrap = func(b Backend) Backend { return phantomGrant{b, fences} }
+				}
+				r := runSeed(t, Config{Seed: seed, Wrap: wrap})
+				ta.add(r)
+				for _, v := range r.Violations {
+					if strings.Contains(v, tc.want) {
+						t.Logf("caught by seed %d, the %d. of the run: %s", seed, i+1, v)
+						t.Log(ta)
+						return
+					}
+				}
+			}
+			t.Errorf("no violation with %q in %d seeds over a broken backend: the checkers cannot see it", tc.want, len(ss))
+		})
+	}
 }
