@@ -209,6 +209,23 @@ func (b wrappedFence) Acquire(ctx context.Context, key, token string, ttl time.D
 	return g, err
 }
 
+// forgetfulRelease answers releases with success without sending them:
+// locks are left behind until they expire.
+type forgetfulRelease struct{ Backend }
+
+func (b forgetfulRelease) Release(ctx context.Context, key, token string) error { return nil }
+
+// shunned answers every acquire of client 0 with "locked", whoever holds
+// the key: that client is never served.
+type shunned struct{ Backend }
+
+func (b shunned) Acquire(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
+	if b.Backend.(*Conn).id == 0 {
+		return backend.Grant{}, backend.Locked(0)
+	}
+	return b.Backend.Acquire(ctx, key, token, ttl)
+}
+
 // TestSimCatchesBrokenBackends proves that the checkers can fail: over each
 // deliberately broken backend, some seed of the CI budget must show the
 // violation the flaw causes. It logs how many seeds each took.
@@ -223,6 +240,8 @@ func TestSimCatchesBrokenBackends(t *testing.T) {
 		{"renewal of unknown outcome taken as success", func(b Backend) Backend { return optimisticRenew{b} }, "overlap on"},
 		{"acquire of unknown outcome taken as a grant", nil, "overlap on"},
 		{"fences wrap around", func(b Backend) Backend { return wrappedFence{b} }, "fence"},
+		{"releases never sent", func(b Backend) Backend { return forgetfulRelease{b} }, "still holds"},
+		{"one client never served", func(b Backend) Backend { return shunned{b} }, "liveness"},
 	}
 	ss := seeds(t)
 	for _, tc := range cases {
