@@ -44,6 +44,7 @@ type leaseRec struct {
 	done           time.Time // Done closed
 	relErr, err    error
 	obs            []observation // Lease.Deadline over time
+	l              *lock.Lease
 }
 
 type observation struct{ at, deadline time.Time }

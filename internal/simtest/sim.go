@@ -276,18 +276,19 @@ const (
 	kindRenewed = iota // watchdog on, holds up to 2 TTLs, stops when lost
 	kindShort          // watchdog off, holds less than the TTL
 	kindStall          // watchdog off, holds past the TTL without looking: a stalled process
+	kindDo             // Client.Do, watchdog on, holds up to 2 TTLs, stops when its context ends
 )
 
-var kindNames = [...]string{"renewed", "short", "stalled"}
+var kindNames = [...]string{"renewed", "short", "stalled", "Do"}
 
 func (w *worker) faulty(end time.Time) {
 	ttl, r := w.ttl, w.rng
 	for time.Now().Before(end) {
 		key := w.keys[r.IntN(len(w.keys))]
-		kind := []int{kindRenewed, kindRenewed, kindShort, kindStall}[r.IntN(4)]
+		kind := []int{kindRenewed, kindDo, kindShort, kindStall}[r.IntN(4)]
 		var hold time.Duration
 		switch kind {
-		case kindRenewed:
+		case kindRenewed, kindDo:
 			hold = time.Duration(r.Int64N(int64(2 * ttl)))
 		case kindShort:
 			hold = time.Duration(r.Int64N(int64(ttl * 9 / 10)))
@@ -329,10 +330,29 @@ func (w *worker) calm() {
 // at the start and at the end, releases, and records the lease.
 func (w *worker) section(key string, kind int, hold time.Duration, wait bool, patience time.Duration) error {
 	var opts []lock.Option
-	if kind != kindRenewed {
+	if kind != kindRenewed && kind != kindDo {
 		opts = append(opts, lock.WithAutoRenew(false))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	if kind == kindDo {
+		// Do: the section's context ends when the lease is lost (or
+		// the patience runs out), and Do releases when it returns.
+		var rec *leaseRec
+		var done chan time.Time
+		err := w.c.Do(ctx, key, func(fctx context.Context, l *lock.Lease) error {
+			rec, done = w.begin(key, kind, l)
+			w.hold(rec, l, kind, hold, fctx.Done())
+			rec.release = time.Now() // Do releases as fn returns
+			return nil
+		}, opts...)
+		if rec == nil {
+			w.failed(err)
+			return err
+		}
+		w.end(rec, <-done, err)
+		return nil
+	}
 	var l *lock.Lease
 	var err error
 	if wait {
@@ -340,18 +360,39 @@ func (w *worker) section(key string, kind int, hold time.Duration, wait bool, pa
 	} else {
 		l, err = w.c.TryAcquire(ctx, key, opts...)
 	}
-	cancel()
 	if err != nil {
-		if errors.Is(err, context.DeadlineExceeded) {
-			w.h.cancelled()
-		}
+		w.failed(err)
 		return err
 	}
-	rec := &leaseRec{client: w.client, worker: w.id, key: key, kind: kind, fence: l.Fence(), token: l.Token(), start: time.Now()}
+	rec, done := w.begin(key, kind, l)
+	w.hold(rec, l, kind, hold, l.Done())
+	rctx, rcancel := context.WithTimeout(context.Background(), w.ttl)
+	rec.release = time.Now()
+	err = l.Release(rctx)
+	rcancel()
+	rec.err = l.Err()
+	w.end(rec, <-done, err)
+	return nil
+}
+
+func (w *worker) failed(err error) {
+	if errors.Is(err, context.DeadlineExceeded) {
+		w.h.cancelled()
+	}
+}
+
+// begin records a lease as it is granted, and starts watching its Done.
+func (w *worker) begin(key string, kind int, l *lock.Lease) (*leaseRec, chan time.Time) {
+	rec := &leaseRec{client: w.client, worker: w.id, key: key, kind: kind, fence: l.Fence(), token: l.Token(), start: time.Now(), l: l}
 	rec.observe(l)
 	done := make(chan time.Time, 1)
 	go func() { <-l.Done(); done <- time.Now() }()
+	return rec, done
+}
 
+// hold is the critical section: a fenced write, work for hold (cut short
+// when stop closes, unless the holder stalls), and another write.
+func (w *worker) hold(rec *leaseRec, l *lock.Lease, kind int, hold time.Duration, stop <-chan struct{}) {
 	w.write(rec, l)
 	if kind == kindStall {
 		time.Sleep(hold) // not looking at the lease
@@ -359,7 +400,7 @@ func (w *worker) section(key string, kind int, hold time.Duration, wait bool, pa
 		t := time.NewTimer(hold)
 		select {
 		case <-t.C:
-		case <-l.Done():
+		case <-stop:
 		}
 		t.Stop()
 	}
@@ -367,15 +408,17 @@ func (w *worker) section(key string, kind int, hold time.Duration, wait bool, pa
 	if kind == kindStall || l.Err() == nil {
 		w.write(rec, l) // a stalled holder writes without looking: the resource must refuse it if stale
 	}
-	rctx, rcancel := context.WithTimeout(context.Background(), w.ttl)
-	rec.release = time.Now()
-	rec.relErr = l.Release(rctx)
-	rcancel()
-	rec.done = <-done
-	rec.observe(l)
-	rec.err = l.Err()
+}
+
+// end records a lease once it has ended.
+func (w *worker) end(rec *leaseRec, done time.Time, relErr error) {
+	rec.done = done
+	rec.relErr = relErr
+	rec.observe(rec.l)
+	if rec.err == nil {
+		rec.err = rec.l.Err()
+	}
 	w.h.add(rec)
-	return nil
 }
 
 // write writes to the fenced resource key with the lease's fence.
