@@ -22,6 +22,7 @@ var (
 	simSeed  = flag.String("simseed", "", "replay this one seed of TestSim (as printed by a failing run)")
 	simSeeds = flag.Int("simseeds", 150, "how many seeds TestSim runs")
 	simBase  = flag.String("simbase", "", "the first seed of TestSim's run (default: a random one, printed)")
+	simTTL   = flag.Duration("simttl", time.Second, "the lease TTL of TestSim's runs; the workload and the faults scale with it, latencies do not")
 	simV     = flag.Bool("simv", false, "log every seed's summary")
 	simTries = flag.Int("simtries", 20, "with -simseed: run the seed up to this many times, until one fails (a seed fixes the fault schedule, not the interleaving)")
 )
@@ -66,6 +67,7 @@ func runSeed(t *testing.T, cfg Config) (res *Result) {
 // tally sums up runs for the report line.
 type tally struct {
 	seeds, sections, lost, cancelled int
+	deadOnArrival                    int
 	simulated                        time.Duration
 	begin                            time.Time
 	requests                         map[string]int
@@ -76,6 +78,7 @@ func (ta *tally) add(r *Result) {
 	ta.sections += r.Sections
 	ta.lost += r.Lost
 	ta.cancelled += r.Cancelled
+	ta.deadOnArrival += r.DeadOnArrival
 	ta.simulated += r.Simulated
 	if ta.requests == nil {
 		ta.requests = map[string]int{}
@@ -92,8 +95,8 @@ func (ta *tally) String() string {
 	for _, op := range ops {
 		reqs = append(reqs, fmt.Sprintf("%s %d", op, ta.requests[op]))
 	}
-	return fmt.Sprintf("%d seeds in %v (%.1f seeds/s): %d critical sections (%d lost, %d acquires cancelled), %.2f simulated hours (%.2f simulated hours per wall second); requests: %s",
-		ta.seeds, wall.Round(time.Millisecond), float64(ta.seeds)/wall.Seconds(), ta.sections, ta.lost, ta.cancelled, ta.simulated.Hours(), ta.simulated.Hours()/wall.Seconds(), strings.Join(reqs, ", "))
+	return fmt.Sprintf("%d seeds in %v (%.1f seeds/s): %d critical sections (%d lost, %d of them lost as Acquire returned them, %d acquires cancelled), %.2f simulated hours (%.2f simulated hours per wall second); requests: %s",
+		ta.seeds, wall.Round(time.Millisecond), float64(ta.seeds)/wall.Seconds(), ta.sections, ta.lost, ta.deadOnArrival, ta.cancelled, ta.simulated.Hours(), ta.simulated.Hours()/wall.Seconds(), strings.Join(reqs, ", "))
 }
 
 func failure(r *Result) string {
@@ -117,7 +120,7 @@ func TestSim(t *testing.T) {
 	for _, seed := range ss {
 		var r *Result
 		for try := 0; try < tries; try++ {
-			r = runSeed(t, Config{Seed: seed})
+			r = runSeed(t, Config{Seed: seed, TTL: *simTTL})
 			ta.add(r)
 			if len(r.Violations) > 0 {
 				if tries > 1 {
