@@ -42,9 +42,9 @@ import (
 // Config is one simulated run.
 type Config struct {
 	Seed    uint64
-	Clients int           // lock.Clients, each over a connection of its own (default 3)
-	Workers int           // goroutines per client (default 3)
-	Keys    int           // keys they share (default 2)
+	Clients int           // lock.Clients, each over a connection of its own (default: 2 to 4, drawn)
+	Workers int           // goroutines per client (default: 1 to 4, drawn)
+	Keys    int           // keys they share (default: 1 to 3, drawn)
 	TTL     time.Duration // lease TTL (default 1s)
 	// Faulty is how long the phase with faults lasts (default 30 TTLs);
 	// a phase without faults follows, where every waiter must be served
@@ -56,15 +56,18 @@ type Config struct {
 	Wrap func(Backend) Backend
 }
 
-func (c *Config) defaults() {
+// defaults fills in what c leaves zero; the shape of the run (clients,
+// workers, keys) is drawn from the seed.
+func (c *Config) defaults(r *rand.Rand) {
+	clients, workers, keys := 2+r.IntN(3), 1+r.IntN(4), 1+r.IntN(3)
 	if c.Clients <= 0 {
-		c.Clients = 3
+		c.Clients = clients
 	}
 	if c.Workers <= 0 {
-		c.Workers = 3
+		c.Workers = workers
 	}
 	if c.Keys <= 0 {
-		c.Keys = 2
+		c.Keys = keys
 	}
 	if c.TTL <= 0 {
 		c.TTL = time.Second
@@ -112,12 +115,13 @@ func (l *faultLog) add(format string, args ...any) {
 // Run makes one simulated run and checks it. Call it inside a synctest
 // bubble.
 func Run(cfg Config) *Result {
-	cfg.defaults()
-	ttl := cfg.TTL
 	rng := rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15))
 	sub := func() *rand.Rand { return rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64())) }
+	cfg.defaults(rng)
+	ttl := cfg.TTL
 	start := time.Now()
 	log := &faultLog{start: start}
+	log.add("%d clients of %d workers on %d keys, TTL %v", cfg.Clients, cfg.Workers, cfg.Keys, ttl)
 
 	store := memory.NewStore()
 	// Requests overtake each other on the simulated network: the store
