@@ -157,6 +157,26 @@ func (c *Conn) draw(op, key string) plan {
 	return p
 }
 
+// wakeDelay draws the travel time of a wake-up: a latency, and while
+// faults are on, one in twenty a quarter of the TTL to a TTL longer.
+func (c *Conn) wakeDelay(key string) time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r := c.stream("wake-up", key)
+	d := latency(r)
+	if x := r.IntN(20); x == 0 && c.n.faultsOn() {
+		d += c.n.ttl/4 + time.Duration(r.Int64N(int64(c.n.ttl)))
+		c.n.log.add("client %d wake-up %q: delayed %v", c.id, key, d)
+	}
+	return d
+}
+
+func (c *Conn) cutOffUntil() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.partUntil
+}
+
 func (c *Conn) cutOff() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -245,14 +265,63 @@ func (c *Conn) Transfer(ctx context.Context, key, from, to string, ttl time.Dura
 	})
 }
 
-// Watch implements backend.Notifier. Setting a watch up takes a round trip
-// without faults; a client cut off gets an error (package lock then backs
-// off instead). Wake-ups arrive at once.
+// Watch implements backend.Notifier. Setting a watch up takes no faults;
+// a client cut off gets an error (package lock then backs off instead).
+// Wake-ups travel like replies: with a latency, and while faults are on
+// sometimes much later; one that would arrive while the client is cut off
+// arrives when the partition ends (a reconnecting client wakes its
+// watches). None is lost: the Notifier contract promises progress.
 func (c *Conn) Watch(ctx context.Context, key string) (backend.Watch, error) {
 	if c.cutOff() {
 		return nil, fmt.Errorf("simtest: watch %q: %w", key, ErrTimeout)
 	}
-	return c.mc.Watch(ctx, key)
+	inner, err := c.mc.Watch(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	w := &watch{inner: inner, ch: make(chan struct{}, 1), stop: make(chan struct{})}
+	go w.forward(c, key)
+	return w, nil
+}
+
+// watch forwards a store watch's wake-ups across the simulated network.
+type watch struct {
+	inner backend.Watch
+	ch    chan struct{}
+	stop  chan struct{}
+	once  sync.Once
+}
+
+func (w *watch) C() <-chan struct{} { return w.ch }
+
+func (w *watch) Close(took bool) error {
+	w.once.Do(func() { close(w.stop) })
+	return w.inner.Close(took)
+}
+
+func (w *watch) forward(c *Conn, key string) {
+	for {
+		select {
+		case <-w.stop:
+			return
+		case <-w.inner.C():
+		}
+		d := c.wakeDelay(key)
+		if until := c.cutOffUntil(); time.Now().Add(d).Before(until) {
+			d = time.Until(until)
+		}
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-w.stop:
+			t.Stop()
+			return
+		}
+		select {
+		case w.ch <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // Inspect implements backend.Inspector, for the checkers: no faults.
