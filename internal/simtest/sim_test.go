@@ -18,6 +18,15 @@ import (
 	"github.com/distlock/lock/backend"
 )
 
+// The flags of the simulation tests:
+//
+//	go test -race -run 'TestSim$' ./internal/simtest                      # the CI budget: -simseeds seeds from a random base
+//	go test -race -run 'TestSim$' ./internal/simtest -simseed=N           # replay seed N (up to -simtries times)
+//	go test -race -run 'TestSim$' ./internal/simtest -simseeds=100000     # on demand: many more
+//	go test -race -run 'TestSim$' ./internal/simtest -simbase=N -simv     # a fixed range, one line per seed
+//
+// A failing seed prints its violations, its fault schedule with virtual
+// times, and the command that replays it.
 var (
 	simSeed  = flag.String("simseed", "", "replay this one seed of TestSim (as printed by a failing run)")
 	simSeeds = flag.Int("simseeds", 150, "how many seeds TestSim runs")
@@ -27,8 +36,7 @@ var (
 	simTries = flag.Int("simtries", 20, "with -simseed: run the seed up to this many times, until one fails (a seed fixes the fault schedule, not the interleaving)")
 )
 
-// seeds returns the seeds to run: the -simseed one, or -simseeds from
-// -simbase (random unless given).
+// seeds returns the seeds to run: the -simseed one, or seedRange.
 func seeds(t *testing.T) []uint64 {
 	if *simSeed != "" {
 		s, err := strconv.ParseUint(*simSeed, 10, 64)
@@ -37,6 +45,11 @@ func seeds(t *testing.T) []uint64 {
 		}
 		return []uint64{s}
 	}
+	return seedRange(t)
+}
+
+// seedRange returns -simseeds seeds from -simbase (random unless given).
+func seedRange(t *testing.T) []uint64 {
 	base := rand.Uint64() >> 1
 	if *simBase != "" {
 		b, err := strconv.ParseUint(*simBase, 10, 64)
@@ -246,7 +259,7 @@ func TestSimCatchesBrokenBackends(t *testing.T) {
 		{"releases never sent", func(b Backend) Backend { return forgetfulRelease{b} }, "still holds"},
 		{"one client never served", func(b Backend) Backend { return shunned{b} }, "liveness"},
 	}
-	ss := seeds(t)
+	ss := seedRange(t) // the CI budget, whatever -simseed says
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			ta := &tally{begin: time.Now()}
