@@ -108,7 +108,7 @@ func (ta *tally) String() string {
 	for _, op := range ops {
 		reqs = append(reqs, fmt.Sprintf("%s %d", op, ta.requests[op]))
 	}
-	return fmt.Sprintf("%d seeds in %v (%.1f seeds/s): %d critical sections (%d lost, %d of them lost as Acquire returned them, %d acquires cancelled), %.2f simulated hours (%.2f simulated hours per wall second); requests: %s",
+	return fmt.Sprintf("%d runs in %v (%.1f runs/s): %d critical sections (%d lost, %d of them lost as Acquire returned them, %d acquires cancelled), %.2f simulated hours (%.2f simulated hours per wall second); requests: %s",
 		ta.seeds, wall.Round(time.Millisecond), float64(ta.seeds)/wall.Seconds(), ta.sections, ta.lost, ta.deadOnArrival, ta.cancelled, ta.simulated.Hours(), ta.simulated.Hours()/wall.Seconds(), strings.Join(reqs, ", "))
 }
 
