@@ -45,12 +45,20 @@ type leaseRec struct {
 	relErr, err    error
 	obs            []observation // Lease.Deadline over time
 	l              *lock.Lease
+	clk            clientClock // the client's
 }
 
-type observation struct{ at, deadline time.Time }
+// observation is a reading of Lease.Deadline: when (true time), the
+// deadline converted to true time, and how far ahead it was on the
+// client's clock.
+type observation struct {
+	at, deadline time.Time
+	ahead        time.Duration
+}
 
 func (r *leaseRec) observe(l *lock.Lease) {
-	r.obs = append(r.obs, observation{time.Now(), l.Deadline()})
+	dl := l.Deadline()
+	r.obs = append(r.obs, observation{at: time.Now(), deadline: r.clk.True(dl), ahead: r.clk.Until(dl)})
 }
 
 // lastDeadline is the deadline the lease reported last.
@@ -150,13 +158,19 @@ func (h *history) check(res *Result) {
 				due = r.start
 				res.DeadOnArrival++
 			}
+			// A drifting client's timers fire when its clock reaches
+			// the deadline; in true time that may round a few
+			// nanoseconds past the deadline converted.
+			if r.clk.Rate() != 1 {
+				due = due.Add(time.Microsecond)
+			}
 			if r.done.After(due) {
 				h.violate("lost signal late: %s: Done closed at %v, %v after its deadline %v", h.describe(r), h.at(r.done), r.done.Sub(due), h.at(r.lastDeadline()))
 			}
 		}
 		for _, o := range r.obs {
-			if ahead := o.deadline.Sub(o.at); ahead > h.ttl-h.drift {
-				h.violate("deadline too far ahead: %s reported at %v a deadline %v ahead, more than the TTL %v less drift %v", h.describe(r), h.at(o.at), ahead, h.ttl, h.drift)
+			if o.ahead > h.ttl-h.drift {
+				h.violate("deadline too far ahead: %s reported at %v a deadline %v ahead on its clock, more than the TTL %v less drift %v", h.describe(r), h.at(o.at), o.ahead, h.ttl, h.drift)
 			}
 		}
 		if r.end().After(r.start) {

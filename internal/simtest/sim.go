@@ -5,6 +5,17 @@
 // each client and the store (see Conn), and every run is checked (see
 // check.go).
 //
+// The faults: per request (while the faulty phase lasts), a request lost,
+// a reply lost after the store acted, a request applied twice, a request or
+// a reply delayed by a quarter of the TTL to over two TTLs (past the
+// caller's context: the store acts after the caller gave up), and always a
+// latency of its own, so requests overtake each other; wake-ups delayed;
+// timed, a partition of one client, a store pause, a store restart keeping
+// its data; per client, a clock drifting within package lock's allowance
+// (1% fast or slow); in the workload, holders that stall past their TTL
+// without looking at the lease, and acquires given up while waiting or
+// while their request is on its way.
+//
 // Run must be called inside a synctest bubble (synctest.Test): the harness
 // sleeps on the virtual clock, so a run of minutes of simulated time costs
 // milliseconds. The tests in this package drive it; see sim_test.go for the
@@ -35,6 +46,7 @@ import (
 	"time"
 
 	"github.com/distlock/lock"
+	"github.com/distlock/lock/clock"
 	"github.com/distlock/lock/fence"
 	"github.com/distlock/lock/memory"
 )
@@ -50,6 +62,11 @@ type Config struct {
 	// a phase without faults follows, where every waiter must be served
 	// and nothing may be left behind.
 	Faulty time.Duration
+	// ClockRate, if set, is the rate of every client's clock against true
+	// time (negative controls: a drift beyond the allowance). Otherwise
+	// each client's clock is true, or drifts within the allowance, as
+	// the seed draws.
+	ClockRate float64
 	// Wrap, if set, wraps each connection before package lock gets it:
 	// for negative controls, which break the backend contract on purpose
 	// and require the checkers to notice.
@@ -136,13 +153,27 @@ func Run(cfg Config) *Result {
 	log.add("request timeout %v", timeout)
 	conns := make([]*Conn, cfg.Clients)
 	clients := make([]*lock.Client, cfg.Clients)
+	clocks := make([]clientClock, cfg.Clients)
 	for i := range conns {
 		conns[i] = &Conn{n: n, id: i, mc: store.NewClient(), timeout: timeout, seed: rng.Uint64()}
 		var b Backend = conns[i]
 		if cfg.Wrap != nil {
 			b = cfg.Wrap(b)
 		}
-		c, err := lock.New(b, lock.WithTTL(ttl))
+		opts := []lock.Option{lock.WithTTL(ttl)}
+		clocks[i] = trueClock{clock.Real}
+		rate := cfg.ClockRate
+		if rate == 0 && rng.IntN(2) == 0 {
+			// Within package lock's default allowance, 1% of the TTL
+			// plus 2ms: the clock may run up to 1% slow or fast.
+			rate = 1 + (rng.Float64()*2-1)/100
+		}
+		if rate != 0 && rate != 1 {
+			clocks[i] = newSkewed(rate)
+			opts = append(opts, lock.WithClock(clocks[i]))
+			log.add("client %d's clock runs at %.5f times true time", i, rate)
+		}
+		c, err := lock.New(b, opts...)
 		if err != nil {
 			return &Result{Seed: cfg.Seed, Violations: []string{"lock.New: " + err.Error()}}
 		}
@@ -162,7 +193,7 @@ func Run(cfg Config) *Result {
 	var wg sync.WaitGroup
 	for ci, c := range clients {
 		for wi := 0; wi < cfg.Workers; wi++ {
-			w := &worker{client: ci, id: wi, c: c, keys: keys, ttl: ttl, rng: sub(), h: h, guard: &guard}
+			w := &worker{client: ci, id: wi, c: c, clk: clocks[ci], keys: keys, ttl: ttl, rng: sub(), h: h, guard: &guard}
 			wg.Go(func() { w.faulty(faultyEnd) })
 		}
 	}
@@ -184,7 +215,7 @@ func Run(cfg Config) *Result {
 	}
 	for ci, c := range clients {
 		for wi := 0; wi < cfg.Workers; wi++ {
-			w := &worker{client: ci, id: wi, c: c, keys: keys, ttl: ttl, rng: sub(), h: h, guard: &guard}
+			w := &worker{client: ci, id: wi, c: c, clk: clocks[ci], keys: keys, ttl: ttl, rng: sub(), h: h, guard: &guard}
 			wg.Go(w.calm)
 		}
 	}
@@ -268,6 +299,7 @@ func schedule(rng *rand.Rand, log *faultLog, store *memory.Store, conns []*Conn,
 type worker struct {
 	client, id int
 	c          *lock.Client
+	clk        clientClock // c's
 	keys       []string
 	ttl        time.Duration
 	rng        *rand.Rand
@@ -387,7 +419,7 @@ func (w *worker) failed(err error) {
 
 // begin records a lease as it is granted, and starts watching its Done.
 func (w *worker) begin(key string, kind int, l *lock.Lease) (*leaseRec, chan time.Time) {
-	rec := &leaseRec{client: w.client, worker: w.id, key: key, kind: kind, fence: l.Fence(), token: l.Token(), start: time.Now(), l: l}
+	rec := &leaseRec{client: w.client, worker: w.id, key: key, kind: kind, fence: l.Fence(), token: l.Token(), start: time.Now(), l: l, clk: w.clk}
 	rec.observe(l)
 	done := make(chan time.Time, 1)
 	go func() { <-l.Done(); done <- time.Now() }()
@@ -428,10 +460,10 @@ func (w *worker) end(rec *leaseRec, done time.Time, relErr error) {
 // write writes to the fenced resource key with the lease's fence.
 func (w *worker) write(rec *leaseRec, l *lock.Lease) {
 	err := w.guard.Do(rec.key, l.Fence(), l.Token(), func() error { return nil })
-	valid := time.Now().Before(l.Deadline()) && l.Err() == nil
+	valid := w.clk.Now().Before(l.Deadline()) && l.Err() == nil
 	switch {
 	case errors.Is(err, fence.ErrStale) && valid:
-		w.h.violate("client %d: the fenced resource %q refused fence %d of a lease that is still valid (deadline in %v): a newer fence was accepted while this lease was valid, or fences went backwards: %v", w.client, rec.key, l.Fence(), time.Until(l.Deadline()), err)
+		w.h.violate("client %d: the fenced resource %q refused fence %d of a lease that is still valid (deadline in %v): a newer fence was accepted while this lease was valid, or fences went backwards: %v", w.client, rec.key, l.Fence(), w.clk.Until(l.Deadline()), err)
 	case err != nil && !errors.Is(err, fence.ErrStale):
 		w.h.violate("client %d: fenced write to %q: %v", w.client, rec.key, err)
 	}

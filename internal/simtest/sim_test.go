@@ -249,15 +249,17 @@ func TestSimCatchesBrokenBackends(t *testing.T) {
 	cases := []struct {
 		name string
 		wrap func(Backend) Backend
-		want string // in a violation
+		rate float64 // of every client's clock; 0: as drawn
+		want string  // in a violation
 	}{
-		{"store enforces a quarter of the TTL", func(b Backend) Backend { return shortTTL{b, 1, 4} }, "overlap on"},
-		{"store enforces 90% of the TTL", func(b Backend) Backend { return shortTTL{b, 9, 10} }, "overlap on"},
-		{"renewal of unknown outcome taken as success", func(b Backend) Backend { return optimisticRenew{b} }, "overlap on"},
-		{"acquire of unknown outcome taken as a grant", nil, "overlap on"},
-		{"fences wrap around", func(b Backend) Backend { return wrappedFence{b} }, "fence"},
-		{"releases never sent", func(b Backend) Backend { return forgetfulRelease{b} }, "still holds"},
-		{"one client never served", func(b Backend) Backend { return shunned{b} }, "liveness"},
+		{"store enforces a quarter of the TTL", func(b Backend) Backend { return shortTTL{b, 1, 4} }, 0, "overlap on"},
+		{"store enforces 90% of the TTL", func(b Backend) Backend { return shortTTL{b, 9, 10} }, 0, "overlap on"},
+		{"renewal of unknown outcome taken as success", func(b Backend) Backend { return optimisticRenew{b} }, 0, "overlap on"},
+		{"acquire of unknown outcome taken as a grant", nil, 0, "overlap on"},
+		{"fences wrap around", func(b Backend) Backend { return wrappedFence{b} }, 0, "fence"},
+		{"releases never sent", func(b Backend) Backend { return forgetfulRelease{b} }, 0, "still holds"},
+		{"one client never served", func(b Backend) Backend { return shunned{b} }, 0, "liveness"},
+		{"client clocks 3% slow, beyond the drift allowance", func(b Backend) Backend { return b }, 0.97, "overlap on"},
 	}
 	ss := seedRange(t) // the CI budget, whatever -simseed says
 	for _, tc := range cases {
@@ -269,7 +271,7 @@ func TestSimCatchesBrokenBackends(t *testing.T) {
 					fences := new(atomic.Uint64)
 					wrap = func(b Backend) Backend { return phantomGrant{b, fences} }
 				}
-				r := runSeed(t, Config{Seed: seed, Wrap: wrap})
+				r := runSeed(t, Config{Seed: seed, Wrap: wrap, ClockRate: tc.rate})
 				ta.add(r)
 				for _, v := range r.Violations {
 					if strings.Contains(v, tc.want) {
