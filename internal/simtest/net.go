@@ -127,7 +127,7 @@ func (c *Conn) draw(op, key string) plan {
 	defer c.mu.Unlock()
 	r := c.stream(op, key)
 	p := plan{out: latency(r), back: latency(r)}
-	x := r.IntN(1000) // drawn whether faults are on or not: the stream stays aligned
+	x := r.IntN(1000) // drawn whether or not faults are on
 	if !c.n.faultsOn() {
 		return p
 	}
