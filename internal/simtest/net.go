@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -30,16 +31,104 @@ type Backend interface {
 // it is still on its way. The outcome is unknown to the caller.
 var ErrTimeout = errors.New("simtest: no reply within the request timeout (outcome unknown)")
 
-// network holds what the connections of one run share: the store, the
-// run's fault log, and whether per-request faults are on.
+// network is the memory model: the memory store, and what the
+// connections to it share: the run's fault log, and whether per-request
+// faults are on.
 type network struct {
 	store *memory.Store
 	ttl   time.Duration
-	log   *faultLog
+	log   func(format string, args ...any)
+	wrap  func(Backend) Backend
+	conns []*Conn
 	mu    sync.Mutex
 	on    bool           // per-request faults are drawn
 	sent  map[string]int // requests sent, by operation
 }
+
+// NewMemory is the memory model: the memory store behind a simulated
+// command-level network (see Conn). wrap, if not nil, wraps each
+// connection before package lock gets it: for negative controls, which
+// break the backend contract on purpose.
+func NewMemory(wrap func(Backend) Backend) NewModel {
+	return func(env Env) Model {
+		store := memory.NewStore()
+		// Requests overtake each other on the simulated network: the
+		// store must keep released tokens dead, as a networked one
+		// does (see memory.Store.KeepDeadTokens and package netstore).
+		store.KeepDeadTokens(memory.DeadTokenTTL)
+		return &network{store: store, ttl: env.TTL, log: env.Log, wrap: wrap}
+	}
+}
+
+var _ Model = (*network)(nil)
+
+// Client implements Model.
+func (n *network) Client(i int, r *rand.Rand, timeout time.Duration) (backend.Backend, error) {
+	c := &Conn{n: n, id: i, mc: n.store.NewClient(), timeout: timeout, seed: r.Uint64()}
+	n.conns = append(n.conns, c)
+	var b Backend = c
+	if n.wrap != nil {
+		b = n.wrap(b)
+	}
+	return b, nil
+}
+
+// Nodes implements Model: one store.
+func (n *network) Nodes() int { return 1 }
+
+// Partition implements Model.
+func (n *network) Partition(client int, d time.Duration) { n.conns[client].partition(d) }
+
+// Pause implements Model.
+func (n *network) Pause(int) { n.store.Pause() }
+
+// Resume implements Model.
+func (n *network) Resume(int) { n.store.Resume() }
+
+// Restart implements Model: the store keeps its data.
+func (n *network) Restart(int) { n.store.Restart(memory.KeepData) }
+
+// Settled implements Model.
+func (n *network) Settled() []string {
+	var out []string
+	if held := n.store.Len(); held != 0 {
+		out = append(out, fmt.Sprintf("%d locks held", held))
+	}
+	if w := n.store.Watchers(); w != 0 {
+		out = append(out, fmt.Sprintf("%d watches open", w))
+	}
+	return out
+}
+
+// Leftovers implements Model.
+func (n *network) Leftovers(keys []string) []string {
+	var out []string
+	inspect := n.store.NewClient()
+	defer inspect.Close()
+	for _, k := range keys {
+		hd, err := inspect.Inspect(context.Background(), k)
+		switch {
+		case err != nil:
+			out = append(out, fmt.Sprintf("inspect %q: %v", k, err))
+		case hd.Held:
+			out = append(out, fmt.Sprintf("%q held (fence %d, %v left)", k, hd.Fence, hd.Remaining))
+		}
+	}
+	if w := n.store.Watchers(); w != 0 {
+		out = append(out, fmt.Sprintf("%d watches open", w))
+	}
+	return out
+}
+
+// Requests implements Model.
+func (n *network) Requests() map[string]int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return maps.Clone(n.sent)
+}
+
+// Close implements Model.
+func (n *network) Close() {}
 
 func (n *network) faultsOn() bool {
 	n.mu.Lock()
@@ -47,7 +136,7 @@ func (n *network) faultsOn() bool {
 	return n.on
 }
 
-func (n *network) setFaults(on bool) {
+func (n *network) SetFaults(on bool) {
 	n.mu.Lock()
 	n.on = on
 	n.mu.Unlock()
@@ -153,7 +242,7 @@ func (c *Conn) draw(op, key string) plan {
 	default:
 		return p
 	}
-	c.n.log.add("client %d %s %q: %s", c.id, op, key, what)
+	c.n.log("client %d %s %q: %s", c.id, op, key, what)
 	return p
 }
 
@@ -166,7 +255,7 @@ func (c *Conn) wakeDelay(key string) time.Duration {
 	d := latency(r)
 	if x := r.IntN(20); x == 0 && c.n.faultsOn() {
 		d += c.n.ttl/4 + time.Duration(r.Int64N(int64(c.n.ttl)))
-		c.n.log.add("client %d wake-up %q: delayed %v", c.id, key, d)
+		c.n.log("client %d wake-up %q: delayed %v", c.id, key, d)
 	}
 	return d
 }

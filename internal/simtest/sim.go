@@ -1,9 +1,11 @@
 // Package simtest is a deterministic simulation harness for package lock:
 // the library's real code (clients, leases, watchdog, per-client queue,
 // handover, cleanups) runs inside a testing/synctest bubble, on its virtual
-// clock, against the memory store, with a seeded simulated network between
-// each client and the store (see Conn), and every run is checked (see
-// check.go).
+// clock, against a model of a store (see Model): the memory store with a
+// seeded simulated network between each client and the store (see Conn),
+// or another backend's real code over a network of its own (package
+// simredis: the Redis backend and its Lua scripts); every run is checked
+// (see check.go).
 //
 // The faults: per request (while the faulty phase lasts), a request lost,
 // a reply lost after the store acted, a request applied twice, a request or
@@ -40,7 +42,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -48,7 +49,6 @@ import (
 	"github.com/distlock/lock"
 	"github.com/distlock/lock/clock"
 	"github.com/distlock/lock/fence"
-	"github.com/distlock/lock/memory"
 )
 
 // Config is one simulated run.
@@ -67,9 +67,13 @@ type Config struct {
 	// each client's clock is true, or drifts within the allowance, as
 	// the seed draws.
 	ClockRate float64
-	// Wrap, if set, wraps each connection before package lock gets it:
-	// for negative controls, which break the backend contract on purpose
-	// and require the checkers to notice.
+	// Model is the store and network of the run (default: the memory
+	// model, NewMemory(Wrap)).
+	Model NewModel
+	// Wrap, if set and Model is not, wraps each connection of the
+	// memory model before package lock gets it: for negative controls,
+	// which break the backend contract on purpose and require the
+	// checkers to notice.
 	Wrap func(Backend) Backend
 }
 
@@ -140,25 +144,23 @@ func Run(cfg Config) *Result {
 	log := &faultLog{start: start}
 	log.add("%d clients of %d workers on %d keys, TTL %v", cfg.Clients, cfg.Workers, cfg.Keys, ttl)
 
-	store := memory.NewStore()
-	// Requests overtake each other on the simulated network: the store
-	// must keep released tokens dead, as a networked one does (see
-	// memory.Store.KeepDeadTokens and package netstore).
-	store.KeepDeadTokens(memory.DeadTokenTTL)
-	n := &network{store: store, ttl: ttl, log: log}
+	newModel := cfg.Model
+	if newModel == nil {
+		newModel = NewMemory(cfg.Wrap)
+	}
+	model := newModel(Env{TTL: ttl, Log: log.add})
+	defer model.Close()
 	// The request timeout of the simulated client library: from a
 	// fifth of the TTL (renewals time out and are tried again) to twice
 	// the TTL (renewals hang past the lease's deadline).
 	timeout := ttl/5 + time.Duration(rng.Int64N(int64(2*ttl)))
 	log.add("request timeout %v", timeout)
-	conns := make([]*Conn, cfg.Clients)
 	clients := make([]*lock.Client, cfg.Clients)
 	clocks := make([]clientClock, cfg.Clients)
-	for i := range conns {
-		conns[i] = &Conn{n: n, id: i, mc: store.NewClient(), timeout: timeout, seed: rng.Uint64()}
-		var b Backend = conns[i]
-		if cfg.Wrap != nil {
-			b = cfg.Wrap(b)
+	for i := range clients {
+		b, err := model.Client(i, rng, timeout)
+		if err != nil {
+			return &Result{Seed: cfg.Seed, Violations: []string{fmt.Sprintf("client %d: %v", i, err)}}
 		}
 		opts := []lock.Option{lock.WithTTL(ttl)}
 		clocks[i] = trueClock{clock.Real}
@@ -188,7 +190,7 @@ func Run(cfg Config) *Result {
 	var guard fence.Guard
 
 	// Phase 1: faults.
-	n.setFaults(true)
+	model.SetFaults(true)
 	faultyEnd := start.Add(cfg.Faulty)
 	var wg sync.WaitGroup
 	for ci, c := range clients {
@@ -197,8 +199,8 @@ func Run(cfg Config) *Result {
 			wg.Go(func() { w.faulty(faultyEnd) })
 		}
 	}
-	schedule(rng, log, store, conns, ttl, faultyEnd)
-	n.setFaults(false)
+	schedule(rng, log, model, cfg.Clients, ttl, faultyEnd)
+	model.SetFaults(false)
 	wg.Wait()
 
 	// Phase 2: no faults (latency only). Wait until every request of the
@@ -207,11 +209,8 @@ func Run(cfg Config) *Result {
 	// be served: liveness) and gives up on a few acquires on purpose
 	// (each must leave nothing behind).
 	time.Sleep(2*timeout + 6*ttl)
-	if held := store.Len(); held != 0 {
-		h.violate("%d locks still held %v after the faults stopped, longer than any request travels plus the TTL", held, time.Since(faultyEnd))
-	}
-	if n := store.Watchers(); n != 0 {
-		h.violate("%d watches open on the store after the faulty phase, with no acquire running", n)
+	for _, s := range model.Settled() {
+		h.violate("%v after the faults stopped, longer than any request travels plus the TTL, with no acquire running, the store still has: %s", time.Since(faultyEnd), s)
 	}
 	for ci, c := range clients {
 		for wi := 0; wi < cfg.Workers; wi++ {
@@ -225,12 +224,9 @@ func Run(cfg Config) *Result {
 	}
 	// In-flight requests land within two latencies of the last reply.
 	time.Sleep(50 * time.Millisecond)
-	checkLeftovers(h, store, keys)
+	checkLeftovers(h, model, keys)
 
-	res := &Result{Seed: cfg.Seed, Simulated: time.Since(start)}
-	n.mu.Lock()
-	res.Requests = maps.Clone(n.sent)
-	n.mu.Unlock()
+	res := &Result{Seed: cfg.Seed, Simulated: time.Since(start), Requests: model.Requests()}
 	h.check(res)
 	log.mu.Lock()
 	res.Faults = append(res.Faults, log.lines...)
@@ -244,35 +240,25 @@ func Run(cfg Config) *Result {
 // checkLeftovers checks that the store holds no lock and no watch once
 // every client is closed: the calm phase's cancelled acquires left nothing
 // behind. Locks of the calm phase would still be within their TTL here.
-func checkLeftovers(h *history, store *memory.Store, keys []string) {
+func checkLeftovers(h *history, model Model, keys []string) {
 	if h.lastGrant().Add(h.ttl).Before(time.Now()) {
 		h.violate("the leftover check came more than a TTL after the calm phase's last grant: it proves nothing (the harness's fault)")
 	}
-	inspect := store.NewClient()
-	for _, k := range keys {
-		hd, err := inspect.Inspect(context.Background(), k)
-		if err != nil {
-			h.violate("inspect %q: %v", k, err)
-			continue
-		}
-		if hd.Held {
-			h.violate("after the calm phase, with every client closed, the store still holds %q (fence %d, %v left): an acquire or a release left it behind", k, hd.Fence, hd.Remaining)
-		}
-	}
-	if n := store.Watchers(); n != 0 {
-		h.violate("%d watches left open on the store after every client closed", n)
+	for _, s := range model.Leftovers(keys) {
+		h.violate("after the calm phase, with every client closed, the store still holds %s: an acquire or a release left it behind", s)
 	}
 }
 
 // schedule injects the timed faults until end, one at a time: a partition
-// of one client, a store pause, a restart keeping data. It heals each
-// before the next.
-func schedule(rng *rand.Rand, log *faultLog, store *memory.Store, conns []*Conn, ttl time.Duration, end time.Time) {
+// of one client, a pause of a store node, a restart of one keeping data.
+// It heals each before the next.
+func schedule(rng *rand.Rand, log *faultLog, model Model, clients int, ttl time.Duration, end time.Time) {
 	for {
 		wait := ttl + time.Duration(rng.Int64N(int64(3*ttl)))
 		d := []time.Duration{ttl / 2, 2 * ttl, ttl / 10}[rng.IntN(3)]
 		kind := rng.IntN(3)
-		target := rng.IntN(len(conns))
+		target := rng.IntN(clients)
+		node := rng.IntN(model.Nodes())
 		if time.Now().Add(wait + d).After(end) {
 			time.Sleep(time.Until(end))
 			return
@@ -281,16 +267,16 @@ func schedule(rng *rand.Rand, log *faultLog, store *memory.Store, conns []*Conn,
 		switch kind {
 		case 0:
 			log.add("client %d cut off for %v", target, d)
-			conns[target].partition(d)
+			model.Partition(target, d)
 			time.Sleep(d)
 		case 1:
-			log.add("store paused for %v", d)
-			store.Pause()
+			log.add("store node %d paused for %v", node, d)
+			model.Pause(node)
 			time.Sleep(d)
-			store.Resume()
+			model.Resume(node)
 		case 2:
-			log.add("store restarted, keeping its data")
-			store.Restart(memory.KeepData)
+			log.add("store node %d restarted, keeping its data", node)
+			model.Restart(node)
 		}
 	}
 }
