@@ -80,7 +80,10 @@ var histories = []history{
 	// another client acquires at the store's expiry: an overlap. The
 	// "deadline too far ahead" check would see it at once if it compared
 	// each lease's deadline with that lease's own TTL (today it uses the
-	// run's one TTL).
+	// run's one TTL). Over miniredis in a synctest bubble, with no fault:
+	// the 500ms lease handed over ahead of the store is valid 9.9s, and
+	// another client acquires 501ms later while its Err is nil (checked).
+	// Caught on a real server by redis TestHandoverToShorterTTL (checked).
 	{
 		name:  "X1 handover keeps the longer deadline",
 		model: "redis",
@@ -134,6 +137,10 @@ var histories = []history{
 	// the waiter's token (that release lost or delayed); then another
 	// client acquiring at the store's expiry (transfer arrival + TTL, or
 	// at once after the late cleanup) while the waiter holds: an overlap.
+	// Caught on a real server by redis TestLateTransferReplyThenAcquire
+	// (checked, 6 runs): in 2 the waiter's lease was valid while the store
+	// held nothing (the cleanup landed after its acquire), in 4 its
+	// Acquire was refused as a dead token (the cleanup landed first).
 	{
 		name:  "X2 unknown transfer, then an own-token acquire",
 		model: "redis",
@@ -183,7 +190,8 @@ var histories = []history{
 	// client, auto-renew off or already failing, whose deadline falls due
 	// while 64 renewals hang: its Done closes only when a renewal slot
 	// frees (a renewal's deadline), after its own deadline: a late lost
-	// signal.
+	// signal. Caught on a real server by redis
+	// TestLostSignalNotBehindHangingRenewals (checked).
 	{
 		name:  "X3 hanging renewals starve the deadline check",
 		model: "redis",
@@ -250,6 +258,9 @@ var histories = []history{
 	// node freed meanwhile (B); then another client takes A once it
 	// expires (first attempt's arrival + TTL) and the third node: an
 	// overlap with W, whose deadline counts from the second attempt.
+	// Caught on real servers by redis TestRedlockAttemptCountsOnlyItsOwnGrants
+	// (checked: Y acquired while W was valid 1.95s more). Without the third
+	// edit that test fails only with "DEAD token released before" errors.
 	{
 		name:  "X5 Redlock stale node",
 		model: "redlock",
@@ -295,7 +306,9 @@ var histories = []history{
 	// phase has latency only; with reordering in it, it happened there
 	// with no faults originally); a check per cleanup (the store must
 	// never hold the lock for a token after that token's cleanup release
-	// ended) would see every case.
+	// ended) would see every case. Caught on a real server by redis
+	// TestCancelledAcquiresLeaveNothing (checked: 46 locks left after
+	// 19,314 cancelled acquires).
 	{
 		name:  "X6 cancelled acquires leave locks",
 		model: "redis",
@@ -332,6 +345,7 @@ var histories = []history{
 	// ErrLost (or a lease reported lost before its deadline) matches a
 	// store that no longer held the lock for the token when the release
 	// first arrived; the want text below is the one proposed for it.
+	// Caught on a real server by redis TestRetriedReleaseSucceeds (checked).
 	{
 		name:  "X7 retried release",
 		model: "redis",
@@ -367,7 +381,9 @@ var histories = []history{
 	// holding it. As for X6 the leftover checks see it only within a TTL
 	// of them; a check that the store frees a released token's lock
 	// within the resends' bound (about 300ms plus round trips) once the
-	// network is healed would see every case.
+	// network is healed would see every case. Caught by package lock's
+	// TestCleanupSendsAnUnknownReleaseAgain and
+	// TestReleaseOfUnknownOutcomeIsSentAgain (checked; scripted store).
 	{
 		name:  "X9 release of unknown outcome sent once",
 		model: "redis",
@@ -413,6 +429,9 @@ var histories = []history{
 	// whose record the store expired while its process stalled). Then:
 	// a lease of fence 0 for a key the store does not hold, and another
 	// client's lease on it: an overlap (and fence 0 after a higher fence).
+	// Caught by waitq's TestGoneRetriedOnce/gone_twice and package lock's
+	// TestBrokenGrantIsNotALease (checked); the real-server test, consul
+	// TestPooledSessionsExpiredWhileIdle, needs a Consul agent.
 	{
 		name:  "Consul zero grant",
 		model: "redis",
@@ -444,7 +463,8 @@ var histories = []history{
 	// Fences are no help (the two keys share one counter, which stays
 	// increasing per key) and exclusion holds; the check is that distinct
 	// keys are independent (e.g. TryAcquire of one key while the other is
-	// held, with the one key free, must succeed).
+	// held, with the one key free, must succeed). Caught on real servers by
+	// redis TestBracedKeysAreTheirOwnLocks (checked).
 	{
 		name:  "cross-key sharing",
 		model: "redis",
