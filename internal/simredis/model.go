@@ -1,0 +1,177 @@
+// Package simredis is the Redis model of the simulation harness
+// (internal/simtest): package lock's real code over the Redis backend's
+// real code (package redis: its Lua scripts, batching, waiters' queue,
+// notifier, Redlock), through go-redis, to in-process Redis servers
+// (miniredis, which runs the scripts with a Lua interpreter), over a
+// simulated network of in-memory connections (see net.go), all inside a
+// testing/synctest bubble: a TTL of a second costs nothing.
+//
+// It is a module of its own so that its test-only dependency, miniredis,
+// stays out of the modules users require.
+package simredis
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/internal/simtest"
+	lredis "github.com/distlock/lock/redis"
+)
+
+// model is a simtest.Model of a single Redis node (one server) or a
+// Redlock (several).
+type model struct {
+	net   *simnet
+	srvs  []*miniredis.Miniredis
+	rdbs  []*goredis.Client
+	opts  []lredis.Option
+}
+
+// New returns the model of a Redis deployment of nodes servers: one is a
+// single node (redis.New), more a Redlock (redis.NewRedlock). opts are
+// the backend's options.
+func New(nodes int, opts ...lredis.Option) simtest.NewModel {
+	return func(env simtest.Env) simtest.Model {
+		m := &model{net: &simnet{ttl: env.TTL, log: env.Log, cutUntil: map[int]time.Time{}}, opts: opts}
+		for i := 0; i < nodes; i++ {
+			s := miniredis.NewMiniRedis()
+			// TTLs run on the clock, which in the bubble is the
+			// virtual one.
+			s.ClockTTL(true)
+			m.srvs = append(m.srvs, s)
+			m.net.nodes = append(m.net.nodes, &node{id: i, srv: s})
+		}
+		return m
+	}
+}
+
+var _ simtest.Model = (*model)(nil)
+
+// Client implements simtest.Model: a go-redis client per node, each
+// dialling through the simulated network, with the request timeout as
+// its read and write timeouts and go-redis's default retries.
+func (m *model) Client(i int, r *rand.Rand, timeout time.Duration) (backend.Backend, error) {
+	var nodes []lredis.Client
+	for _, nd := range m.net.nodes {
+		dial := m.net.dialer(i, nd, rand.New(rand.NewPCG(r.Uint64(), r.Uint64())), timeout)
+		rdb := goredis.NewClient(&goredis.Options{
+			Addr:         fmt.Sprintf("127.0.0.1:%d", 6379+nd.id), // an address, not a name: no lookup
+			Dialer:       func(context.Context, string, string) (net.Conn, error) { return dial() },
+			DialTimeout:  timeout,
+			ReadTimeout:  timeout,
+			WriteTimeout: timeout,
+			PoolSize:     8,
+		})
+		m.rdbs = append(m.rdbs, rdb)
+		nodes = append(nodes, rdb)
+	}
+	if len(nodes) == 1 {
+		return lredis.New(nodes[0], m.opts...), nil
+	}
+	return lredis.NewRedlock(nodes, m.opts...)
+}
+
+// SetFaults implements simtest.Model.
+func (m *model) SetFaults(on bool) {
+	m.net.mu.Lock()
+	m.net.on = on
+	m.net.mu.Unlock()
+}
+
+// Nodes implements simtest.Model.
+func (m *model) Nodes() int { return len(m.srvs) }
+
+// Partition implements simtest.Model: the client's links deliver nothing
+// more (they go silent) and its dials hang until d has passed.
+func (m *model) Partition(client int, d time.Duration) {
+	m.net.mu.Lock()
+	m.net.cutUntil[client] = time.Now().Add(d)
+	m.net.mu.Unlock()
+}
+
+// Pause implements simtest.Model: requests wait at the node's gate.
+func (m *model) Pause(node int) { m.net.nodes[node].pause() }
+
+// Resume implements simtest.Model.
+func (m *model) Resume(node int) { m.net.nodes[node].resume() }
+
+// Restart implements simtest.Model: every connection to the node breaks;
+// the server keeps its data (as with appendfsync always).
+func (m *model) Restart(node int) { m.net.nodes[node].restart() }
+
+// kept reports whether a Redis key may outlive every lease and waiter: the
+// fence counters; the tombstones of released tokens, which make a release
+// or an acquire sent again after its token's release harmless (they expire
+// on their own); and a handover's fence reservation ("next"), which
+// expires with the lock it was made on, and which a release leaves (any
+// later grant raises the counter past it). None of them holds a lock.
+func kept(k string) bool {
+	return strings.HasSuffix(k, ":fence") || strings.Contains(k, ":dead:") || strings.HasSuffix(k, ":next")
+}
+
+// held lists, per node, the keys that no lease or waiter should still
+// hold, and with channels set, the channels still subscribed.
+func (m *model) held(channels bool) []string {
+	var out []string
+	for i, s := range m.srvs {
+		var ks []string
+		for _, k := range s.Keys() {
+			if !kept(k) {
+				ks = append(ks, fmt.Sprintf("%q (%v left)", k, s.TTL(k)))
+			}
+		}
+		if len(ks) > 0 {
+			out = append(out, fmt.Sprintf("node %d: keys %s", i, strings.Join(ks, ", ")))
+		}
+		if !channels {
+			continue
+		}
+		if chs := s.PubSubChannels(""); len(chs) > 0 {
+			out = append(out, fmt.Sprintf("node %d: channels subscribed %q", i, chs))
+		}
+	}
+	return out
+}
+
+// Settled implements simtest.Model: keys only. A subscription may
+// outlive its watch on a connection gone silent: the server keeps it until
+// the client closes that connection (go-redis's health check writes a
+// PING, which a silent connection swallows without an error), as a real
+// server keeps one until TCP keepalive ends the connection. Waiters do
+// not depend on it (see package redis: they refresh and poll).
+func (m *model) Settled() []string { return m.held(false) }
+
+// Leftovers implements simtest.Model: keys and subscriptions, once every
+// client is closed. keys is not needed: every key but the kept ones
+// counts.
+func (m *model) Leftovers([]string) []string { return m.held(true) }
+
+// Requests implements simtest.Model: the commands sent, by name.
+func (m *model) Requests() map[string]int {
+	m.net.mu.Lock()
+	defer m.net.mu.Unlock()
+	return maps.Clone(m.net.sent)
+}
+
+// Close implements simtest.Model.
+func (m *model) Close() {
+	for _, rdb := range m.rdbs {
+		rdb.Close()
+	}
+	for _, nd := range m.net.nodes {
+		nd.resume()
+		nd.restart()
+	}
+	for _, s := range m.srvs {
+		s.Close()
+	}
+}

@@ -1,0 +1,20 @@
+package simredis
+
+import (
+	"testing"
+
+	"github.com/distlock/lock/internal/simtest"
+)
+
+// TestSimRedis runs package lock over the Redis backend's real code and
+// scripts against one in-process Redis server, over the simulated
+// network, for the seeds the flags name (see internal/simtest's flags).
+func TestSimRedis(t *testing.T) {
+	simtest.Sweep(t, simtest.Config{Model: New(1)}, "./internal/simredis")
+}
+
+// TestSimRedlock is TestSimRedis over a Redlock of three servers; the
+// timed faults pause and restart one node at a time.
+func TestSimRedlock(t *testing.T) {
+	simtest.Sweep(t, simtest.Config{Model: New(3)}, "./internal/simredis")
+}
