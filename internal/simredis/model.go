@@ -30,10 +30,10 @@ import (
 // model is a simtest.Model of a single Redis node (one server) or a
 // Redlock (several).
 type model struct {
-	net   *simnet
-	srvs  []*miniredis.Miniredis
-	rdbs  []*goredis.Client
-	opts  []lredis.Option
+	net  *simnet
+	srvs []*miniredis.Miniredis
+	rdbs []*goredis.Client
+	opts []lredis.Option
 }
 
 // New returns the model of a Redis deployment of nodes servers: one is a

@@ -33,9 +33,9 @@ type simnet struct {
 	nodes []*node
 
 	mu       sync.Mutex
-	on       bool             // per-chunk faults are drawn
+	on       bool              // per-chunk faults are drawn
 	cutUntil map[int]time.Time // client -> cut off until then
-	sent     map[string]int   // commands sent, by name
+	sent     map[string]int    // commands sent, by name
 }
 
 func (n *simnet) faultsOn() bool {
