@@ -50,7 +50,32 @@ func New(nodes int, opts ...lredis.Option) simtest.NewModel {
 			m.srvs = append(m.srvs, s)
 			m.net.nodes = append(m.net.nodes, &node{id: i, srv: s})
 		}
+		if nodes > 1 {
+			m.initNodes()
+		}
 		return m
+	}
+}
+
+// initNodes marks a Redlock's new nodes ready, as a deployment does once
+// (Redlock.InitNewNodes), over connections outside the simulated network.
+func (m *model) initNodes() {
+	var direct []lredis.Client
+	for i, s := range m.srvs {
+		rdb := goredis.NewClient(&goredis.Options{
+			Addr:   fmt.Sprintf("127.0.0.1:%d", 6379+i),
+			Dialer: func(context.Context, string, string) (net.Conn, error) { return s.Dial() },
+		})
+		defer rdb.Close()
+		direct = append(direct, rdb)
+	}
+	r, err := lredis.NewRedlock(direct, m.opts...)
+	if err == nil {
+		_, err = r.InitNewNodes(context.Background())
+		r.Close()
+	}
+	if err != nil {
+		panic(fmt.Sprintf("simredis: marking the Redlock's nodes ready: %v", err))
 	}
 }
 
@@ -115,7 +140,8 @@ func (m *model) Restart(node int) { m.net.nodes[node].restart() }
 // expires with the lock it was made on, and which a release leaves (any
 // later grant raises the counter past it). None of them holds a lock.
 func kept(k string) bool {
-	return strings.HasSuffix(k, ":fence") || strings.Contains(k, ":dead:") || strings.HasSuffix(k, ":next")
+	return strings.HasSuffix(k, ":fence") || strings.Contains(k, ":dead:") || strings.HasSuffix(k, ":next") ||
+		k == lredis.DefaultPrefix+"redlock:node" // a Redlock node's state: "ready"
 }
 
 // held lists, per node, the keys that no lease or waiter should still
