@@ -118,6 +118,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/distlock/lock/backend"
@@ -208,6 +209,45 @@ type Option func(*runOptions)
 
 type runOptions struct {
 	requireHooks bool
+	virtual      bool
+}
+
+// VirtualTime runs every case in a bubble of its own (testing/synctest),
+// where time is virtual: it moves only while every goroutine of the case
+// is durably blocked, so waiting out a TTL costs no wall time and every
+// bound the suite checks holds on an exact clock. newHarness is then
+// called in each case's bubble, with the case's t (and once more, in a
+// bubble of its own, for the checks that precede the cases), so that the
+// store, its servers, connections and timers belong to the bubble; its
+// Capabilities must be the same every time.
+//
+// It is for harnesses whose store runs in the test process and whose
+// clients block only where synctest sees it (channels, timers, sync.Cond,
+// net.Pipe connections made in the bubble): the memory store, or a
+// networked store over in-memory connections. A store in another process,
+// real sockets (a TCP Accept or Read does not block durably: virtual time
+// would stop), SIGSTOP and helper processes need real time: leave the
+// option out for them.
+func VirtualTime() Option { return func(o *runOptions) { o.virtual = true } }
+
+// inBubble runs f in a bubble of its own when virtual is set, and in t's
+// goroutine otherwise. A case skipped in the bubble is skipped in t too.
+func inBubble(t *testing.T, virtual bool, f func(t *testing.T)) {
+	t.Helper()
+	if !virtual {
+		f(t)
+		return
+	}
+	var inner *testing.T
+	synctest.Test(t, func(t *testing.T) {
+		inner = t
+		f(t)
+	})
+	// A failure in the bubble has ended t already (synctest.Test calls
+	// FailNow); a skip must be passed on.
+	if inner != nil && inner.Skipped() {
+		t.SkipNow()
+	}
 }
 
 // RequireHooks makes a run fail when a case is skipped for want of a harness
@@ -216,11 +256,11 @@ type runOptions struct {
 func RequireHooks() Option { return func(o *runOptions) { o.requireHooks = true } }
 
 // Run runs the whole suite against the store newHarness gives. newHarness is
-// called once; every case uses its own keys, and the cases that fault the
-// store (pause, restart) run last. Cases that need a hook the harness does
-// not offer are skipped; Run then prints which, also without -v (go test
-// shows it when run in a package's directory, or with -v), and fails with
-// RequireHooks.
+// called once (once per case, with VirtualTime); every case uses its own
+// keys, and the cases that fault the store (pause, restart) run last. Cases
+// that need a hook the harness does not offer are skipped; Run then prints
+// which, also without -v (go test shows it when run in a package's
+// directory, or with -v), and fails with RequireHooks.
 func Run(t *testing.T, newHarness func(t *testing.T) Harness, opts ...Option) {
 	t.Helper()
 	var o runOptions
@@ -229,60 +269,76 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness, opts ...Option) {
 			f(&o)
 		}
 	}
-	h := newHarness(t)
-	if h == nil {
-		t.Fatal("conformance: newHarness returned nil")
-	}
-	s := newSuite(t, h)
-	s.checkDeclarations(t)
-	cases := []struct {
+	var (
+		s         *suite
+		transfers bool
+	)
+	inBubble(t, o.virtual, func(t *testing.T) {
+		h := newHarness(t)
+		if h == nil {
+			t.Fatal("conformance: newHarness returned nil")
+		}
+		s = newSuite(t, h)
+		s.virtual = o.virtual
+		s.checkDeclarations(t)
+		transfers = s.transfers(t)
+	})
+	type kase struct {
 		name string
-		run  func(*testing.T)
-	}{
-		{"BadInput", s.badInput},
-		{"TryAcquireRace", s.tryAcquireRace},
-		{"MutualExclusion", s.mutualExclusion},
-		{"SharedClient", s.sharedClient},
-		{"FencesSequential", s.fencesSequential},
-		{"FencesContended", s.fencesContended},
-		{"StaleOwner", s.staleOwner},
-		{"ExpiryNotEarly", s.expiryNotEarly},
-		{"TokenExact", s.tokenExact},
-		{"KeyShapes", s.keyShapes},
-		{"ReleaseAfterExpiry", s.releaseAfterExpiry},
-		{"WakeOnRelease", s.wakeOnRelease},
-		{"FIFOOrder", s.fifoOrder},
-		{"HotKeyRequests", s.hotKeyRequests},
-		{"InspectAfterExpiry", s.inspectAfterExpiry},
-		{"FenceAfterIdle", s.fenceAfterIdle},
-		{"TokenShape", s.tokenShape},
-		{"SeveralTTLs", s.severalTTLs},
-		{"DeadlineFromSend", s.deadlineFromSend},
-		{"StoreLosesLock", s.storeLosesLock},
-		{"CancelInQueue", s.cancelInQueue},
-		{"RenewAfterLoss", s.renewAfterLoss},
-		{"Takeover", s.takeover},
-		{"CancelWhileWaiting", s.cancelWhileWaiting},
-		{"ManyKeys", s.manyKeys},
-		{"LostSignal", s.lostSignal},
-		{"LostSignalWhileRenewalsHang", s.lostSignalWhileRenewalsHang},
-		{"DeadlineWithinStore", s.deadlineWithinStore},
-		{"RetriedAcquire", s.retriedAcquire},
-		{"CancelUnderLoad", s.cancelUnderLoad},
-		{"ReplyLost", s.replyLost},
-		{"ReleaseSentAgain", s.releaseSentAgain},
-		{"CancelWhileStoreHangs", s.cancelWhileStoreHangs},
-		{"GiveUpUnderLoad", s.giveUpUnderLoad},
-		{"IdleResourcesExpire", s.idleResourcesExpire},
-		{"LockFreedOutside", s.lockFreedOutside},
-		{"FenceAfterRestart", s.fenceAfterRestart},
+		run  func(*suite, *testing.T)
+		// subs names the subtests the case runs with suite.subtest:
+		// under VirtualTime each runs in a bubble of its own.
+		subs []string
+		// realTime: the case runs in real time under VirtualTime too,
+		// with a harness of its own.
+		realTime bool
 	}
-	if s.transfers(t) {
+	cases := []kase{
+		{"BadInput", (*suite).badInput, nil, false},
+		{"TryAcquireRace", (*suite).tryAcquireRace, nil, false},
+		{"MutualExclusion", (*suite).mutualExclusion, nil, false},
+		{"SharedClient", (*suite).sharedClient, nil, false},
+		{"FencesSequential", (*suite).fencesSequential, nil, false},
+		{"FencesContended", (*suite).fencesContended, nil, false},
+		{"StaleOwner", (*suite).staleOwner, []string{"RenewAfterExpiry", "RenewAfterSuccessor", "ReleaseAfterSuccessor"}, false},
+		{"ExpiryNotEarly", (*suite).expiryNotEarly, nil, false},
+		{"TokenExact", (*suite).tokenExact, nil, false},
+		{"KeyShapes", (*suite).keyShapes, nil, false},
+		{"ReleaseAfterExpiry", (*suite).releaseAfterExpiry, nil, false},
+		{"WakeOnRelease", (*suite).wakeOnRelease, nil, false},
+		{"FIFOOrder", (*suite).fifoOrder, nil, false},
+		{"HotKeyRequests", (*suite).hotKeyRequests, nil, false},
+		{"InspectAfterExpiry", (*suite).inspectAfterExpiry, nil, false},
+		{"FenceAfterIdle", (*suite).fenceAfterIdle, nil, false},
+		{"TokenShape", (*suite).tokenShape, nil, false},
+		{"SeveralTTLs", (*suite).severalTTLs, nil, false},
+		{"DeadlineFromSend", (*suite).deadlineFromSend, nil, false},
+		{"StoreLosesLock", (*suite).storeLosesLock, nil, false},
+		{"CancelInQueue", (*suite).cancelInQueue, nil, false},
+		{"RenewAfterLoss", (*suite).renewAfterLoss, nil, false},
+		{"Takeover", (*suite).takeover, nil, false},
+		{"CancelWhileWaiting", (*suite).cancelWhileWaiting, nil, false},
+		{"ManyKeys", (*suite).manyKeys, nil, false},
+		{"LostSignal", (*suite).lostSignal, nil, false},
+		{"LostSignalWhileRenewalsHang", (*suite).lostSignalWhileRenewalsHang, nil, false},
+		{"DeadlineWithinStore", (*suite).deadlineWithinStore, nil, false},
+		{"RetriedAcquire", (*suite).retriedAcquire, nil, false},
+		// Its load is 16 goroutines that acquire and cancel for a second
+		// of the clock without ever blocking for long: under virtual
+		// time the clock would not move while they spin, and their 0-3ms
+		// timeouts would never race the acquires they cancel.
+		{"CancelUnderLoad", (*suite).cancelUnderLoad, nil, true},
+		{"ReplyLost", (*suite).replyLost, []string{"ReleaseReplyDropped", "ReleaseReplyLate"}, false},
+		{"ReleaseSentAgain", (*suite).releaseSentAgain, nil, false},
+		{"CancelWhileStoreHangs", (*suite).cancelWhileStoreHangs, nil, false},
+		{"GiveUpUnderLoad", (*suite).giveUpUnderLoad, nil, false},
+		{"IdleResourcesExpire", (*suite).idleResourcesExpire, nil, false},
+		{"LockFreedOutside", (*suite).lockFreedOutside, nil, false},
+		{"FenceAfterRestart", (*suite).fenceAfterRestart, nil, false},
+	}
+	if transfers {
 		// Only for stores that can pass a lock between owners.
-		cases = append(cases[:1], append([]struct {
-			name string
-			run  func(*testing.T)
-		}{{"Transfer", s.transfer}, {"HandoverFails", s.handoverFails}}, cases[1:]...)...)
+		cases = append(cases[:1], append([]kase{{"Transfer", (*suite).transfer, nil, false}, {"HandoverFails", (*suite).handoverFails, nil, false}}, cases[1:]...)...)
 	}
 	var skipped []string
 	for _, c := range cases {
@@ -292,7 +348,44 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness, opts ...Option) {
 					skipped = append(skipped, c.name)
 				}
 			}()
-			c.run(t)
+			if !o.virtual {
+				c.run(s, t)
+				return
+			}
+			if c.realTime {
+				cs := s.over(t, newHarness(t))
+				cs.virtual = false
+				c.run(cs, t)
+				return
+			}
+			if len(c.subs) == 0 {
+				inBubble(t, true, func(t *testing.T) { c.run(s.over(t, newHarness(t)), t) })
+				return
+			}
+			// t.Run cannot be called in a bubble: each subtest runs
+			// the case again, in a bubble of its own, doing only that
+			// subtest. A case all of whose subtests skip is skipped.
+			all := true
+			for _, sub := range c.subs {
+				t.Run(sub, func(t *testing.T) {
+					defer func() {
+						if !t.Skipped() {
+							all = false
+						}
+					}()
+					inBubble(t, true, func(t *testing.T) {
+						cs := s.over(t, newHarness(t))
+						cs.only = sub
+						c.run(cs, t)
+						if !cs.ranOnly {
+							t.Fatalf("conformance: case %s ran no subtest %s", c.name, sub)
+						}
+					})
+				})
+			}
+			if all {
+				t.SkipNow()
+			}
 		})
 	}
 	if len(skipped) > 0 {

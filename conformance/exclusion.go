@@ -14,7 +14,7 @@ func (s *suite) tryAcquireRace(t *testing.T) {
 	const contenders, rounds = 8, 30
 	ctx := s.ctx(t)
 	clients := s.clients(t, contenders)
-	rec := newRecorder()
+	rec := s.newRecorder()
 	for r := 0; r < rounds; r++ {
 		key := s.key(t)
 		start := make(chan struct{})
@@ -93,7 +93,7 @@ func (s *suite) sharedClient(t *testing.T) {
 func (s *suite) contend(t *testing.T, contenders, rounds int, clientOf func(int) *lock.Client) (fences []uint64, most int32) {
 	ctx := s.ctx(t)
 	key := s.key(t)
-	rec := newRecorder()
+	rec := s.newRecorder()
 	var (
 		active, maxActive atomic.Int32
 		mu                sync.Mutex

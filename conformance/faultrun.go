@@ -61,6 +61,7 @@ type faultOptions struct {
 	processes  int
 	keys       int
 	flaw       string // FaultFlaw
+	virtual    bool   // FaultVirtualTime
 }
 
 // FaultRuns sets how many seeded runs RunFaults makes (default 5;
@@ -81,6 +82,17 @@ func FaultProcesses(n int) FaultOption { return func(o *faultOptions) { o.proces
 // FaultContenders sets how many clients contend, each with a backend of its
 // own (default 4).
 func FaultContenders(n int) FaultOption { return func(o *faultOptions) { o.contenders = n } }
+
+// FaultVirtualTime makes RunFaults make each run in a bubble of its own
+// (testing/synctest), as VirtualTime does for Run: the run's seconds of
+// sections, faults and waits pass in virtual time, at no wall-clock cost,
+// and the run's checks (overlaps, the lost signal's deadline) hold on an
+// exact clock. newHarness is called in each run's bubble (and once more,
+// in a bubble of its own, before the runs), so that the store and its
+// connections belong to the bubble. For harnesses whose store and
+// connections live in the test process (see VirtualTime); not with
+// ProcessContenders, whose helper processes run in real time.
+func FaultVirtualTime() FaultOption { return func(o *faultOptions) { o.virtual = true } }
 
 func faultOptionsOf(opts []FaultOption) (faultOptions, error) {
 	o := faultOptions{runs: 5, duration: 10 * time.Second, contenders: 4, processes: 2, keys: 2}
@@ -121,11 +133,15 @@ func RunFaults(t *testing.T, newHarness func(t *testing.T) Harness, opts ...Faul
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := newHarness(t)
-	if h == nil {
-		t.Fatal("conformance: newHarness returned nil")
-	}
-	s := newSuite(t, h)
+	var s *suite
+	inBubble(t, o.virtual, func(t *testing.T) {
+		h := newHarness(t)
+		if h == nil {
+			t.Fatal("conformance: newHarness returned nil")
+		}
+		s = newSuite(t, h)
+		s.virtual = o.virtual
+	})
 	seeds := make([]uint64, o.runs)
 	for i := range seeds {
 		seeds[i] = rand.Uint64() >> 1
@@ -139,26 +155,36 @@ func RunFaults(t *testing.T, newHarness func(t *testing.T) Harness, opts ...Faul
 	}
 	for _, seed := range seeds {
 		t.Run(strconv.FormatUint(seed, 10), func(t *testing.T) {
-			r := s.faultRun(t, seed, o)
-			t.Logf("seed %d: %s", seed, r.summary())
-			if len(r.violations) > 0 {
-				path := r.save(t, seed)
-				t.Errorf("seed %d: %d violations (replay: LOCK_FAULT_SEED=%d; schedule and violations in %s):\n%s", seed, len(r.violations), seed, path, strings.Join(r.violations, "\n"))
-			}
+			inBubble(t, o.virtual, func(t *testing.T) {
+				rs := s
+				if o.virtual {
+					rs = s.over(t, newHarness(t))
+				}
+				r := rs.faultRun(t, seed, o)
+				t.Logf("seed %d: %s", seed, r.summary())
+				if len(r.violations) > 0 {
+					path := r.save(t, seed)
+					t.Errorf("seed %d: %d violations (replay: LOCK_FAULT_SEED=%d; schedule and violations in %s):\n%s", seed, len(r.violations), seed, path, strings.Join(r.violations, "\n"))
+				}
+			})
 		})
 	}
 }
 
 // FaultRun makes one seeded fault run against h and returns the violations
 // it found: for negative controls, which run a store with a known flaw and
-// require the runs to find it.
+// require the runs to find it. To make the run in virtual time, call it
+// in a bubble (synctest.Test) with h made in that bubble, and give
+// FaultVirtualTime.
 func FaultRun(t *testing.T, h Harness, seed uint64, opts ...FaultOption) []string {
 	t.Helper()
 	o, err := faultOptionsOf(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return newSuite(t, h).faultRun(t, seed, o).violations
+	s := newSuite(t, h)
+	s.virtual = o.virtual
+	return s.faultRun(t, seed, o).violations
 }
 
 // faultResult is what a run saw.
@@ -227,7 +253,7 @@ func (s *suite) faultRun(t *testing.T, seed uint64, o faultOptions) *faultResult
 		}
 		clients[i] = s.clientOver(t, b, lock.WithTTL(ttl))
 	}
-	rec := newRecorder()
+	rec := s.newRecorder()
 	var guard fence.Guard
 	var sqlRes *sqlResource
 	if sr, ok := s.h.(SQLResourcer); ok {
@@ -240,6 +266,9 @@ func (s *suite) faultRun(t *testing.T, seed uint64, o faultOptions) *faultResult
 	// Helper processes, when the store can be reached from them.
 	var helpers []*helper
 	if pc, ok := s.h.(ProcessContenders); ok && o.processes > 0 && o.flaw == "" {
+		if o.virtual {
+			t.Fatal("conformance: FaultVirtualTime with a harness that has ProcessContenders: helper processes run in real time; leave FaultVirtualTime out, or set FaultProcesses(0)")
+		}
 		url, err := pc.ContenderURL(ctx)
 		if err != nil {
 			t.Fatalf("harness ContenderURL: %v", err)

@@ -332,7 +332,7 @@ func (s *suite) cancelUnderLoad(t *testing.T) {
 func (s *suite) replyLost(t *testing.T) {
 	rh := s.replyHolder(t)
 	in := s.inspector(t)
-	t.Run("ReleaseReplyDropped", func(t *testing.T) {
+	s.subtest(t, "ReleaseReplyDropped", func(t *testing.T) {
 		ctx := s.ctx(t)
 		bb, _, key, l := s.acquiredOver(ctx, t, s.long)
 		released := releaseHeld(ctx, ctx, t, in, rh, bb, l, key)
@@ -341,7 +341,7 @@ func (s *suite) replyLost(t *testing.T) {
 			t.Fatalf("Release of a lease held until the store freed the key, after its reply was lost: %v; it must not report the lease as lost", err)
 		}
 	})
-	t.Run("ReleaseReplyLate", func(t *testing.T) {
+	s.subtest(t, "ReleaseReplyLate", func(t *testing.T) {
 		ctx := s.ctx(t)
 		ttl := max(5*s.short, time.Second)
 		bb, c, key, a := s.acquiredOver(ctx, t, ttl)

@@ -34,7 +34,7 @@ func (s *suite) fencesContended(t *testing.T) {
 	ctx := s.ctx(t)
 	key := s.key(t)
 	clients := s.clients(t, contenders)
-	rec := newRecorder()
+	rec := s.newRecorder()
 	var (
 		mu     sync.Mutex
 		fences []uint64

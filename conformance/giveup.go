@@ -72,7 +72,7 @@ func (s *suite) giveUpUnderLoad(t *testing.T) {
 		t.Logf("client 0's link delayed %v each way (the harness has no LinkDelayer)", delay)
 	}
 
-	rec := newRecorder()
+	rec := s.newRecorder()
 	end := time.Now().Add(duration)
 	var (
 		wg        sync.WaitGroup

@@ -21,7 +21,7 @@ import (
 func (s *suite) idleResourcesExpire(t *testing.T) {
 	ctx := s.ctx(t)
 	const n = 16
-	rec := newRecorder()
+	rec := s.newRecorder()
 	c := s.client(t, lock.WithTTL(s.short))
 	other := s.client(t, lock.WithTTL(s.short))
 	keys := make([]string, n)

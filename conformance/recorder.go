@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/anishathalye/porcupine"
@@ -18,16 +19,59 @@ import (
 )
 
 // recorder collects a history of operations on package lock.
+//
+// Its times are ns since start on the monotonic clock, in real time. Under
+// virtual time (VirtualTime) many operations happen at one instant, and
+// times in ns would tie: the checker would have to try every order of
+// operations that the run saw one after the other (eight contenders'
+// hundreds of acquires and releases at one instant make it hopeless). So
+// there a time is the virtual ns since start times virtualScale plus a
+// count of the readings so far: readings at one instant keep the order in
+// which they were taken, and readings at different instants the order of
+// the instants. The model's durations (a TTL, back) are scaled alike, so
+// that it compares as before, on a finer clock.
 type recorder struct {
 	start     time.Time
 	startMono int64 // CLOCK_MONOTONIC at start, for helper processes' times
+	scale     int64 // units of the times per ns: 1, or virtualScale
+	readings  atomic.Int64
 	mu        sync.Mutex
 	ops       []porcupine.Operation
 }
 
-func newRecorder() *recorder { return &recorder{start: time.Now(), startMono: monoNow()} }
+// virtualScale is the recorder's units per virtual ns: room for this many
+// readings in one recorder (a run or a case takes a few thousand), and
+// for about 100 days of virtual time in an int64.
+const virtualScale = 1 << 20
 
-func (r *recorder) now() int64 { return int64(time.Since(r.start)) }
+func newRecorder() *recorder { return &recorder{start: time.Now(), startMono: monoNow(), scale: 1} }
+
+// newRecorder returns a recorder for the suite's clock: virtual or real.
+func (s *suite) newRecorder() *recorder {
+	r := newRecorder()
+	if s.virtual {
+		r.scale = virtualScale
+	}
+	return r
+}
+
+func (r *recorder) now() int64 {
+	d := int64(time.Since(r.start))
+	if r.scale == 1 {
+		return d
+	}
+	n := r.readings.Add(1)
+	if n >= r.scale {
+		panic(fmt.Sprintf("conformance: more than %d operations recorded in one history under virtual time", r.scale))
+	}
+	return d*r.scale + n
+}
+
+// dur converts a duration to the recorder's units.
+func (r *recorder) dur(d time.Duration) int64 { return int64(d) * r.scale }
+
+// ns converts a time of the recorder back to ns since start.
+func (r *recorder) ns(v int64) time.Duration { return time.Duration(v / r.scale) }
 
 func (r *recorder) add(client int, in modelInput, err error, fence uint64) {
 	out := modelOutput{res: classify(err), fence: fence, ret: r.now()}
@@ -51,9 +95,9 @@ func (r *recorder) lines() []string {
 		in, res := op.Input.(modelInput), op.Output.(modelOutput)
 		ret := "never"
 		if res.ret != math.MaxInt64 {
-			ret = time.Duration(res.ret).String()
+			ret = r.ns(res.ret).String()
 		}
-		out = append(out, fmt.Sprintf("client %d %s %q owner %s ttl %v: call %v, return %s, %s fence %d", op.ClientId, in.kind, in.key, short(in.owner), time.Duration(in.ttl), time.Duration(in.call), ret, res.res, res.fence))
+		out = append(out, fmt.Sprintf("client %d %s %q owner %s ttl %v: call %v, return %s, %s fence %d", op.ClientId, in.kind, in.key, short(in.owner), r.ns(in.ttl), r.ns(in.call), ret, res.res, res.fence))
 	}
 	return out
 }
@@ -69,14 +113,14 @@ func (r *recorder) acquire(ctx context.Context, client int, c *lock.Client, key 
 	} else {
 		l, err = c.TryAcquire(ctx, key, opts...)
 	}
-	in := modelInput{kind: opAcquire, key: key, ttl: int64(ttl), call: call}
+	in := modelInput{kind: opAcquire, key: key, ttl: r.dur(ttl), call: call}
 	var fence uint64
 	if l != nil {
 		in.owner, fence = l.Token(), l.Fence()
 		// The lease's deadline less its TTL is at most the moment its
 		// validity counts from (less the drift allowance): before the
 		// call for a lock handed to a waiter (see modelInput.back).
-		in.back = max(0, call-(int64(l.Deadline().Sub(r.start))-int64(l.TTL())))
+		in.back = max(0, call-r.dur(l.Deadline().Sub(r.start)-l.TTL()))
 	} else {
 		in.owner = fmt.Sprintf("failed-%d-%d", client, call) // never a holder
 		if _, queues := c.Backend().(backend.Queuer); queues && wait && errors.Is(err, lock.ErrLocked) && ctxErr(err) {
@@ -129,7 +173,7 @@ func (r *recorder) addLeaseOp(client int, kind opKind, l *lock.Lease, call int64
 		// at all, is unknown.
 		err = errors.New("lost on the client's clock")
 	}
-	r.add(client, modelInput{kind: kind, key: l.Key(), owner: l.Token(), ttl: int64(l.TTL()), call: call}, err, 0)
+	r.add(client, modelInput{kind: kind, key: l.Key(), owner: l.Token(), ttl: r.dur(l.TTL()), call: call}, err, 0)
 }
 
 // check verifies the history against the lease-lock model.

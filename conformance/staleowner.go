@@ -25,7 +25,7 @@ func (s *suite) staleOwner(t *testing.T) {
 	}
 	prepare := func(t *testing.T, withSuccessor bool) setup {
 		ctx := s.ctx(t)
-		su := setup{rec: newRecorder(), key: s.key(t)}
+		su := setup{rec: s.newRecorder(), key: s.key(t)}
 		frozen := clock.NewFake(time.Now())
 		stale := s.client(t, lock.WithClock(frozen), lock.WithAutoRenew(false))
 		l, err := su.rec.acquire(ctx, 0, stale, su.key, false, s.short)
@@ -76,7 +76,7 @@ func (s *suite) staleOwner(t *testing.T) {
 		}
 	}
 
-	t.Run("RenewAfterExpiry", func(t *testing.T) {
+	s.subtest(t, "RenewAfterExpiry", func(t *testing.T) {
 		su := prepare(t, false)
 		ctx := s.ctx(t)
 		wantStoreSaidLost(t, "Renew", su.rec.renew(ctx, 0, su.stale))
@@ -89,12 +89,12 @@ func (s *suite) staleOwner(t *testing.T) {
 		}
 		s.checkHistory(t, su.rec)
 	})
-	t.Run("RenewAfterSuccessor", func(t *testing.T) {
+	s.subtest(t, "RenewAfterSuccessor", func(t *testing.T) {
 		su := prepare(t, true)
 		wantStoreSaidLost(t, "Renew", su.rec.renew(s.ctx(t), 0, su.stale))
 		successorUntouched(t, su)
 	})
-	t.Run("ReleaseAfterSuccessor", func(t *testing.T) {
+	s.subtest(t, "ReleaseAfterSuccessor", func(t *testing.T) {
 		su := prepare(t, true)
 		wantStoreSaidLost(t, "Release", su.rec.release(s.ctx(t), 0, su.stale))
 		successorUntouched(t, su)

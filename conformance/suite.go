@@ -18,6 +18,11 @@ type suite struct {
 	short time.Duration // a TTL for the cases that wait for expiry
 	long  time.Duration // a TTL that does not run out during a case
 	slack time.Duration // scheduling allowance on top of the declared bounds
+	// virtual: the cases run in bubbles (VirtualTime, FaultVirtualTime);
+	// the recorder then breaks ties between times (see recorder).
+	virtual bool
+	only    string // under VirtualTime: the one subtest to run (see subtest)
+	ranOnly bool
 }
 
 func newSuite(t *testing.T, h Harness) *suite {
@@ -35,6 +40,38 @@ func newSuite(t *testing.T, h Harness) *suite {
 	}
 	t.Logf("conformance: short TTL %v, long TTL %v, latest expiry of the short TTL %v", s.short, s.long, caps.LatestExpiry(s.short))
 	return s
+}
+
+// over returns a copy of s over h, a harness made again for one case (see
+// VirtualTime): the TTLs and bounds stay those s derived, and h must
+// declare the capabilities s was derived from.
+func (s *suite) over(t *testing.T, h Harness) *suite {
+	t.Helper()
+	if h == nil {
+		t.Fatal("conformance: newHarness returned nil")
+	}
+	if caps := h.Capabilities(); caps != s.caps {
+		t.Fatalf("conformance: the harness declares %+v for this case, %+v before the cases; want the same every time", caps, s.caps)
+	}
+	cs := *s
+	cs.h = h
+	return &cs
+}
+
+// subtest runs f as t's subtest name. A bubble cannot start subtests:
+// under VirtualTime, Run calls the case once for each subtest named in its
+// table, in a bubble of its own, with s.only set, and subtest runs f in
+// t (the bubble's test, named after the subtest) for that name only.
+func (s *suite) subtest(t *testing.T, name string, f func(t *testing.T)) {
+	t.Helper()
+	if !s.virtual {
+		t.Run(name, f)
+		return
+	}
+	if name == s.only {
+		s.ranOnly = true
+		f(t)
+	}
 }
 
 // key returns a key unique to this run of the calling test.

@@ -159,11 +159,14 @@ func flawSameToken(a, b string) bool {
 		// Capabilities declares FIFO; waiters race newcomers.
 		edits("claims-fifo", "\t\tInProcess:    true,\n", "\t\tInProcess:    true,\n\t\tFIFO: true,\n"),
 		// The fence counter starts again after 300ms without a grant.
+		// lastGrant holds the time of the last grant plus 1ns, 0 before
+		// the first: under virtual time a store's first grant can come
+		// at its time 0.
 		edits("forget-fence-idle",
 			"\tdeadFor atomic.Int64 // time.Duration; see KeepDeadTokens\n",
 			"\tdeadFor atomic.Int64 // time.Duration; see KeepDeadTokens\n\tlastGrant atomic.Int64\n",
 			"func (s *Store) nextFence() uint64 {\n",
-			"func (s *Store) nextFence() uint64 {\n\tnow := s.now()\n\tif last := time.Duration(s.lastGrant.Swap(int64(now))); last > 0 && now-last > 300*time.Millisecond {\n\t\ts.fence.Store(0)\n\t}\n"),
+			"func (s *Store) nextFence() uint64 {\n\tnow := s.now()\n\tif last := time.Duration(s.lastGrant.Swap(int64(now) + 1)); last > 0 && now-(last-1) > 300*time.Millisecond {\n\t\ts.fence.Store(0)\n\t}\n"),
 		// Calls wait for a disconnected client or a paused store
 		// regardless of their context.
 		edits("ignores-context",
