@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/goleak"
@@ -309,9 +310,10 @@ func tail(s string, n int) string {
 	return fmt.Sprint(strings.Join(lines, "\n"))
 }
 
-// Seeded randomized fault runs against the in-process store.
+// Seeded randomized fault runs against the in-process store, under virtual
+// time: each run in a bubble of its own with a store of its own.
 func TestFaultRuns(t *testing.T) {
-	conformance.RunFaults(t, func(t *testing.T) conformance.Harness { return harness{NewStore()} })
+	conformance.RunFaults(t, func(t *testing.T) conformance.Harness { return harness{NewStore()} }, conformance.FaultVirtualTime())
 }
 
 // Negative controls for the fault runs: a store with a flaw that breaks
@@ -329,8 +331,13 @@ func TestFaultRunsCatchFlaws(t *testing.T) {
 	const runs = 10 // all 10 must catch it: 95% of 10, rounded up
 	if name := os.Getenv(flawEnv); name != "" {
 		// The child: the store has the flaw compiled in.
+		// Each run in a bubble of its own, in virtual time.
 		conformance.RequireCaught(t, name, runs, func(seed uint64) []string {
-			return conformance.FaultRun(t, harness{NewStore()}, seed, conformance.FaultDuration(5*time.Second), conformance.FaultContenders(12))
+			var v []string
+			synctest.Test(t, func(t *testing.T) {
+				v = conformance.FaultRun(t, harness{NewStore()}, seed, conformance.FaultDuration(5*time.Second), conformance.FaultContenders(12), conformance.FaultVirtualTime())
+			})
+			return v
 		})
 		return
 	}
