@@ -37,10 +37,10 @@ var dirs = [2]Direction{ToServer, ToClient}
 // Proxy forwards connections from Addr to a target address. Its methods are
 // safe for concurrent use.
 type Proxy struct {
-	Addr   string
-	target string
-	ln     net.Listener
-	wg     sync.WaitGroup // accept loop and every connection goroutine
+	Addr string
+	dial func(ctx context.Context) (net.Conn, error) // to the target
+	ln   net.Listener
+	wg   sync.WaitGroup // accept loop and every connection goroutine
 
 	mu     sync.Mutex
 	wake   chan struct{} // closed and replaced whenever anything below changes
@@ -77,7 +77,22 @@ func Start(t testing.TB, target string) *Proxy {
 	if err != nil {
 		t.Fatalf("tcpproxy: %v", err)
 	}
-	p := &Proxy{Addr: ln.Addr().String(), target: target, ln: ln,
+	var d net.Dialer
+	return StartOn(t, ln, func(ctx context.Context) (net.Conn, error) {
+		return d.DialContext(ctx, "tcp", target)
+	})
+}
+
+// StartOn is Start with the caller's listener, and its dial function for
+// the connections to the target: for connections that are not TCP, such
+// as the in-memory pairs of net.Pipe with which a harness runs under
+// testing/synctest (a TCP socket's blocking is not durable there, and
+// would stop the bubble's clock). The proxy closes ln when it stops.
+// Reset closes a connection that is not a *net.TCPConn plainly, since only
+// TCP has an RST.
+func StartOn(t testing.TB, ln net.Listener, dial func(ctx context.Context) (net.Conn, error)) *Proxy {
+	t.Helper()
+	p := &Proxy{Addr: ln.Addr().String(), dial: dial, ln: ln,
 		wake: make(chan struct{}), conns: map[*conn]struct{}{}}
 	p.wg.Add(1)
 	go p.accept()
@@ -92,7 +107,9 @@ func (p *Proxy) accept() {
 		if err != nil {
 			return
 		}
-		sc, err := net.DialTimeout("tcp", p.target, 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		sc, err := p.dial(ctx)
+		cancel()
 		if err != nil {
 			cc.Close()
 			continue
