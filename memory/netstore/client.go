@@ -19,6 +19,7 @@ type Option func(*options)
 type options struct {
 	conns       int
 	dialTimeout time.Duration
+	dial        func(ctx context.Context, addr string) (net.Conn, error)
 }
 
 // DefaultConns is the size of a Backend's pool of connections for requests.
@@ -32,16 +33,26 @@ func WithConns(n int) Option { return func(o *options) { o.conns = n } }
 // context bounds it too.
 func WithDialTimeout(d time.Duration) Option { return func(o *options) { o.dialTimeout = d } }
 
+// WithDialer makes a Backend connect with dial instead of over TCP: to a
+// server behind a proxy of the caller's, on a Unix socket, or over
+// in-memory connections (net.Pipe; what lets a test run client and server
+// under testing/synctest). dial gets the address New was given, and a
+// context that ends at the dial timeout (WithDialTimeout) or earlier.
+func WithDialer(dial func(ctx context.Context, addr string) (net.Conn, error)) Option {
+	return func(o *options) { o.dial = dial }
+}
+
 // Backend is a client of a Server. It implements backend.Backend,
 // backend.Notifier, backend.Describer, backend.Inspector and
 // backend.Transferer. It is safe for concurrent use.
 type Backend struct {
-	addr   string
-	dialer net.Dialer
-	pool   []poolSlot
-	turn   atomic.Uint32
-	ctx    context.Context // ends at Close: bounds the redials of watches
-	cancel context.CancelFunc
+	addr        string
+	dialer      func(ctx context.Context, addr string) (net.Conn, error)
+	dialTimeout time.Duration
+	pool        []poolSlot
+	turn        atomic.Uint32
+	ctx         context.Context // ends at Close: bounds the redials of watches
+	cancel      context.CancelFunc
 
 	mu     sync.Mutex // guards the fields below and notify's
 	conns  map[*conn]struct{}
@@ -77,7 +88,11 @@ func New(addr string, opts ...Option) (*Backend, error) {
 		return nil, fmt.Errorf("%w: netstore: %d connections, dial timeout %v: want at least 1 and a positive timeout", backend.ErrInvalid, o.conns, o.dialTimeout)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	b := &Backend{addr: addr, dialer: net.Dialer{Timeout: o.dialTimeout}, pool: make([]poolSlot, o.conns),
+	if o.dial == nil {
+		var d net.Dialer
+		o.dial = func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }
+	}
+	b := &Backend{addr: addr, dialer: o.dial, dialTimeout: o.dialTimeout, pool: make([]poolSlot, o.conns),
 		ctx: ctx, cancel: cancel, conns: map[*conn]struct{}{}}
 	b.notify = notifier{b: b, dialing: make(chan struct{}, 1), watches: map[uint64]*watch{}}
 	if _, err := b.slotConn(ctx, &b.pool[0]); err != nil {
@@ -129,7 +144,9 @@ func (b *Backend) isClosed() bool {
 
 // dial opens a connection and starts its goroutines.
 func (b *Backend) dial(ctx context.Context, onPush func(uint64), onDead func(*conn, error)) (*conn, error) {
-	nc, err := b.dialer.DialContext(ctx, "tcp", b.addr)
+	dctx, cancel := context.WithTimeout(ctx, b.dialTimeout)
+	nc, err := b.dialer(dctx, b.addr)
+	cancel()
 	if err != nil {
 		return nil, err
 	}
