@@ -187,8 +187,38 @@ func (n *simnet) dialer(client int, nd *node, r *rand.Rand, timeout time.Duratio
 		nd.live[l] = struct{}{}
 		nd.mu.Unlock()
 		l.start()
-		return cc, nil
+		return clientConn{cc}, nil
 	}
+}
+
+// clientConn is the client's end of a link. A write after the network
+// closed the link (a reset, a restart) fails with io.EOF, as a read of the
+// TCP connection would: go-redis then sends the command again on another
+// connection, as it does when its pool's health check finds a pooled TCP
+// connection closed before use (net.Pipe offers no such check). The
+// command never reached the server, so sending it again is exact.
+type clientConn struct{ net.Conn }
+
+// SetDeadline, SetReadDeadline and SetWriteDeadline succeed on a link the
+// network closed, as they do on a TCP connection its peer closed (net.Pipe
+// refuses them); the read or write that follows fails.
+func (c clientConn) SetDeadline(t time.Time) error      { return opened(c.Conn.SetDeadline(t)) }
+func (c clientConn) SetReadDeadline(t time.Time) error  { return opened(c.Conn.SetReadDeadline(t)) }
+func (c clientConn) SetWriteDeadline(t time.Time) error { return opened(c.Conn.SetWriteDeadline(t)) }
+
+func opened(err error) error {
+	if errors.Is(err, io.ErrClosedPipe) {
+		return nil
+	}
+	return err
+}
+
+func (c clientConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	if errors.Is(err, io.ErrClosedPipe) && n == 0 {
+		err = io.EOF
+	}
+	return n, err
 }
 
 // link is one connection of a client to a node, through the simulated

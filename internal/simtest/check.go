@@ -24,7 +24,7 @@ import (
 //     worker.write);
 //   - lost signal: a lease that was lost saw Done close no later than its
 //     deadline, and no deadline it reported was ever further ahead than
-//     TTL less drift;
+//     lease's TTL less drift;
 //   - nothing left behind: once the faults stop, every lock expires
 //     within a TTL of the last request landing, and after a phase without
 //     faults in which acquires are given up on purpose, with every client
@@ -37,6 +37,7 @@ type leaseRec struct {
 	client, worker int
 	key            string
 	kind           int
+	ttl            time.Duration // the lease's, as asked
 	fence          uint64
 	token          string
 	start          time.Time // Acquire returned
@@ -81,8 +82,8 @@ func (r *leaseRec) end() time.Time {
 
 // history collects the leases and violations of a run.
 type history struct {
-	ttl, drift time.Duration
-	start      time.Time
+	ttl   time.Duration // the run's
+	start time.Time
 
 	mu         sync.Mutex
 	leases     []*leaseRec
@@ -136,7 +137,7 @@ func (h *history) lastGrant() time.Time {
 func (h *history) at(t time.Time) time.Duration { return t.Sub(h.start) }
 
 func (h *history) describe(r *leaseRec) string {
-	return fmt.Sprintf("client %d worker %d (%s, fence %d, token %.8s) valid %v..%v", r.client, r.worker, kindNames[r.kind], r.fence, r.token, h.at(r.start), h.at(r.end()))
+	return fmt.Sprintf("client %d worker %d (%s, TTL %v, fence %d, token %.8s) valid %v..%v", r.client, r.worker, kindNames[r.kind], r.ttl, r.fence, r.token, h.at(r.start), h.at(r.end()))
 }
 
 // check runs the checkers over the history and fills res.
@@ -169,8 +170,8 @@ func (h *history) check(res *Result) {
 			}
 		}
 		for _, o := range r.obs {
-			if o.ahead > h.ttl-h.drift {
-				h.violate("deadline too far ahead: %s reported at %v a deadline %v ahead on its clock, more than the TTL %v less drift %v", h.describe(r), h.at(o.at), o.ahead, h.ttl, h.drift)
+			if drift := lock.DefaultDrift(r.ttl); o.ahead > r.ttl-drift {
+				h.violate("deadline too far ahead: %s reported at %v a deadline %v ahead on its clock, more than its TTL %v less drift %v", h.describe(r), h.at(o.at), o.ahead, r.ttl, drift)
 			}
 		}
 		if r.end().After(r.start) {

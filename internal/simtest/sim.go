@@ -43,6 +43,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -67,6 +68,12 @@ type Config struct {
 	// each client's clock is true, or drifts within the allowance, as
 	// the seed draws.
 	ClockRate float64
+	// Hoard is how many leases one worker of client 0 holds at once,
+	// auto-renewed, on keys of its own, while the faults last: more than
+	// package lock renews at once, so that hanging renewals queue up while
+	// the client's other leases reach their deadlines (default: drawn,
+	// 70 in one run of four, none otherwise; negative: none).
+	Hoard int
 	// Model is the store and network of the run (default: the memory
 	// model, NewMemory(Wrap)).
 	Model NewModel
@@ -95,6 +102,9 @@ func (c *Config) defaults(r *rand.Rand) {
 	}
 	if c.Faulty <= 0 {
 		c.Faulty = 30 * c.TTL
+	}
+	if hoard := r.IntN(4) == 0; c.Hoard == 0 && hoard {
+		c.Hoard = 70
 	}
 }
 
@@ -185,8 +195,25 @@ func Run(cfg Config) *Result {
 	for i := range keys {
 		keys[i] = fmt.Sprintf("k%d", i)
 	}
+	var hoard []string // the hoarder's keys
+	for i := range max(cfg.Hoard, 0) {
+		hoard = append(hoard, fmt.Sprintf("h%d", i))
+	}
+	if len(hoard) > 0 {
+		log.add("client 0 hoards %d leases", len(hoard))
+	}
+	// Every key the run uses, for the leftover check: the shared keys,
+	// the hoarder's, each worker's own key for giving up (see calm), and
+	// the probes' (see probeIndependence).
+	allKeys := append(slices.Clone(keys), hoard...)
+	for ci := range clients {
+		for wi := 0; wi < cfg.Workers; wi++ {
+			allKeys = append(allKeys, ownKey(ci, wi))
+		}
+	}
+	allKeys = append(allKeys, probeKeys...)
 
-	h := &history{ttl: ttl, drift: lock.DefaultDrift(ttl), start: start}
+	h := &history{ttl: ttl, start: start}
 	var guard fence.Guard
 
 	// Phase 1: faults.
@@ -198,6 +225,10 @@ func Run(cfg Config) *Result {
 			w := &worker{client: ci, id: wi, c: c, clk: clocks[ci], keys: keys, ttl: ttl, rng: sub(), h: h, guard: &guard}
 			wg.Go(func() { w.faulty(faultyEnd) })
 		}
+	}
+	if len(hoard) > 0 {
+		w := &worker{client: 0, id: cfg.Workers, c: clients[0], clk: clocks[0], keys: hoard, ttl: ttl, rng: sub(), h: h, guard: &guard}
+		wg.Go(func() { w.hoard(faultyEnd) })
 	}
 	schedule(rng, log, model, cfg.Clients, ttl, faultyEnd)
 	model.SetFaults(false)
@@ -219,12 +250,13 @@ func Run(cfg Config) *Result {
 		}
 	}
 	wg.Wait()
+	probeIndependence(h, clients, keys)
 	for _, c := range clients {
 		c.Close() // waits for the clients' cleanups
 	}
 	// In-flight requests land within two latencies of the last reply.
 	time.Sleep(50 * time.Millisecond)
-	checkLeftovers(h, model, keys)
+	checkLeftovers(h, model, allKeys)
 
 	res := &Result{Seed: cfg.Seed, Simulated: time.Since(start), Requests: model.Requests()}
 	h.check(res)
@@ -299,15 +331,23 @@ const (
 	kindShort          // watchdog off, holds less than the TTL
 	kindStall          // watchdog off, holds past the TTL without looking: a stalled process
 	kindDo             // Client.Do, watchdog on, holds up to 2 TTLs, stops when its context ends
+	kindHoarded        // one of the hoarder's leases: watchdog on, held 1 to 3 TTLs
 )
 
-var kindNames = [...]string{"renewed", "short", "stalled", "Do"}
+var kindNames = [...]string{"renewed", "short", "stalled", "Do", "hoarded"}
 
 func (w *worker) faulty(end time.Time) {
-	ttl, r := w.ttl, w.rng
+	r := w.rng
 	for time.Now().Before(end) {
 		key := w.keys[r.IntN(len(w.keys))]
 		kind := []int{kindRenewed, kindDo, kindShort, kindStall}[r.IntN(4)]
+		// One section in four asks for half the client's TTL: a
+		// handover between goroutines of one client may then pass a
+		// lock to a lease with a shorter TTL than its holder's.
+		ttl := w.ttl
+		if r.IntN(4) == 0 {
+			ttl /= 2
+		}
 		var hold time.Duration
 		switch kind {
 		case kindRenewed, kindDo:
@@ -318,40 +358,123 @@ func (w *worker) faulty(end time.Time) {
 			hold = ttl + time.Duration(r.Int64N(int64(ttl)))
 		}
 		wait := r.IntN(4) > 0
-		patience := 5 * ttl
+		patience := 5 * w.ttl
 		if r.IntN(3) == 0 {
-			patience = time.Duration(r.Int64N(int64(ttl))) // often ends while waiting or in flight
+			patience = time.Duration(r.Int64N(int64(w.ttl))) // often ends while waiting or in flight
 		}
-		pause := time.Duration(r.Int64N(int64(ttl / 10)))
-		err := w.section(key, kind, hold, wait, patience)
+		pause := time.Duration(r.Int64N(int64(w.ttl / 10)))
+		err := w.section(key, kind, ttl, hold, wait, patience)
 		if err != nil {
 			time.Sleep(pause) // the caller's own pace after a refusal
 		}
 	}
 }
 
+// hoard takes every one of its keys, holds them all for 1 to 3 TTLs with
+// the watchdog on, releases them, and starts again, until end.
+func (w *worker) hoard(end time.Time) {
+	r := w.rng
+	for time.Now().Before(end) {
+		type held struct {
+			rec  *leaseRec
+			l    *lock.Lease
+			done chan time.Time
+		}
+		var hs []held
+		for _, key := range w.keys {
+			ctx, cancel := context.WithTimeout(context.Background(), w.ttl)
+			l, err := w.c.TryAcquire(ctx, key)
+			cancel()
+			if err != nil {
+				w.failed(err)
+				continue
+			}
+			rec, done := w.begin(key, kindHoarded, w.ttl, l)
+			w.write(rec, l)
+			hs = append(hs, held{rec, l, done})
+		}
+		t := time.NewTimer(w.ttl + time.Duration(r.Int64N(int64(2*w.ttl))))
+		<-t.C
+		for _, x := range hs {
+			x.rec.observe(x.l)
+			if x.l.Err() == nil {
+				w.write(x.rec, x.l)
+			}
+			err := w.release(x.rec, x.l)
+			w.end(x.rec, <-x.done, err)
+		}
+		time.Sleep(time.Duration(r.Int64N(int64(w.ttl))))
+	}
+}
+
+// ownKey is the key of client ci's worker wi alone (see calm).
+func ownKey(ci, wi int) string { return fmt.Sprintf("c%d.%d", ci, wi) }
+
 // calm is the phase without faults: two sections per key that must be
-// served, and an acquire given up on purpose.
+// served, and acquires given up on purpose.
 func (w *worker) calm() {
 	ttl, r := w.ttl, w.rng
+	// Acquires given up after 0 to 3 ms on a key of the worker's own,
+	// with a long TTL: a lock one of them left behind would still be on
+	// the store when the leftover check runs, and no other acquire
+	// would hide it by taking the key.
+	long := min(20*ttl, 50*time.Second)
+	for range 6 {
+		w.section(ownKey(w.client, w.id), kindShort, long, 0, true, time.Duration(r.Int64N(int64(3*time.Millisecond))))
+	}
 	for i := 0; i < 2*len(w.keys); i++ {
 		key := w.keys[i%len(w.keys)]
 		if r.IntN(3) == 0 {
-			w.section(key, kindShort, 0, true, time.Duration(r.Int64N(int64(ttl/20)))) // may be cancelled; must leave nothing
+			w.section(key, kindShort, ttl, 0, true, time.Duration(r.Int64N(int64(ttl/20)))) // may be cancelled; must leave nothing
 		}
 		// Liveness: with faults gone, a patient waiter is served. The
 		// bound is generous: every other worker's sections in this
 		// phase, one after another.
-		if err := w.section(key, kindShort, time.Duration(r.Int64N(int64(ttl/4))), true, 200*ttl); err != nil {
+		if err := w.section(key, kindShort, ttl, time.Duration(r.Int64N(int64(ttl/4))), true, 200*ttl); err != nil {
 			w.h.violate("liveness: client %d worker %d was not served %q within %v after the faults stopped: %v", w.client, w.id, key, 200*ttl, err)
 		}
 	}
 }
 
-// section takes key, holds it as kind says, writes to the fenced resource
-// at the start and at the end, releases, and records the lease.
-func (w *worker) section(key string, kind int, hold time.Duration, wait bool, patience time.Duration) error {
-	var opts []lock.Option
+// probeKeys are keys that a store may confuse with other keys: one with a
+// brace (Redis hash tags), and the SHA-1 in hex of it.
+var probeKeys = []string{"a{b}", "28abe73a16bdb9982d4d12d2ca89653ed5aa55a1"}
+
+// probeIndependence checks that distinct keys are distinct locks: with
+// each key held by client 0, client 1 takes each other key at once. It
+// runs after the calm phase, when nothing holds any of the keys.
+func probeIndependence(h *history, clients []*lock.Client, keys []string) {
+	if len(clients) < 2 {
+		return
+	}
+	ks := append(slices.Clone(keys), probeKeys...)
+	ctx := context.Background()
+	for i, a := range ks {
+		la, err := clients[0].TryAcquire(ctx, a, lock.WithAutoRenew(false))
+		if err != nil {
+			h.violate("independent keys: after the calm phase, client 0's TryAcquire of %q failed: %v", a, err)
+			continue
+		}
+		for j, b := range ks {
+			if i == j {
+				continue
+			}
+			lb, err := clients[1].TryAcquire(ctx, b, lock.WithAutoRenew(false))
+			if err != nil {
+				h.violate("independent keys: with %q held by client 0, client 1's TryAcquire of %q failed: %v", a, b, err)
+				continue
+			}
+			lb.Release(ctx)
+		}
+		la.Release(ctx)
+	}
+}
+
+// section takes key with the TTL ttl, holds it as kind says, writes to
+// the fenced resource at the start and at the end, releases, and records
+// the lease.
+func (w *worker) section(key string, kind int, ttl, hold time.Duration, wait bool, patience time.Duration) error {
+	opts := []lock.Option{lock.WithTTL(ttl)}
 	if kind != kindRenewed && kind != kindDo {
 		opts = append(opts, lock.WithAutoRenew(false))
 	}
@@ -363,7 +486,7 @@ func (w *worker) section(key string, kind int, hold time.Duration, wait bool, pa
 		var rec *leaseRec
 		var done chan time.Time
 		err := w.c.Do(ctx, key, func(fctx context.Context, l *lock.Lease) error {
-			rec, done = w.begin(key, kind, l)
+			rec, done = w.begin(key, kind, ttl, l)
 			w.hold(rec, l, kind, hold, fctx.Done())
 			rec.release = time.Now() // Do releases as fn returns
 			return nil
@@ -386,15 +509,29 @@ func (w *worker) section(key string, kind int, hold time.Duration, wait bool, pa
 		w.failed(err)
 		return err
 	}
-	rec, done := w.begin(key, kind, l)
+	rec, done := w.begin(key, kind, ttl, l)
 	w.hold(rec, l, kind, hold, l.Done())
-	rctx, rcancel := context.WithTimeout(context.Background(), w.ttl)
-	rec.release = time.Now()
-	err = l.Release(rctx)
-	rcancel()
-	rec.err = l.Err()
+	err = w.release(rec, l)
 	w.end(rec, <-done, err)
 	return nil
+}
+
+// release releases l, records when, and checks the answer: a release
+// that reports the lease lost, called while the lease was valid and
+// answered before its deadline, is a false report, or a store that
+// freed the lock before its expiry; either is a violation.
+func (w *worker) release(rec *leaseRec, l *lock.Lease) error {
+	rctx, rcancel := context.WithTimeout(context.Background(), w.ttl)
+	defer rcancel()
+	dl := l.Deadline()
+	valid := l.Err() == nil && w.clk.Now().Before(dl)
+	rec.release = time.Now()
+	err := l.Release(rctx)
+	rec.err = l.Err()
+	if valid && errors.Is(err, lock.ErrLost) && w.clk.Now().Before(dl) {
+		w.h.violate("release reported lost while held: %s was valid when Release was called, and Release answered before its deadline (%v left): %v", w.h.describe(rec), w.clk.Until(dl), err)
+	}
+	return err
 }
 
 func (w *worker) failed(err error) {
@@ -404,8 +541,8 @@ func (w *worker) failed(err error) {
 }
 
 // begin records a lease as it is granted, and starts watching its Done.
-func (w *worker) begin(key string, kind int, l *lock.Lease) (*leaseRec, chan time.Time) {
-	rec := &leaseRec{client: w.client, worker: w.id, key: key, kind: kind, fence: l.Fence(), token: l.Token(), start: time.Now(), l: l, clk: w.clk}
+func (w *worker) begin(key string, kind int, ttl time.Duration, l *lock.Lease) (*leaseRec, chan time.Time) {
+	rec := &leaseRec{client: w.client, worker: w.id, key: key, kind: kind, ttl: ttl, fence: l.Fence(), token: l.Token(), start: time.Now(), l: l, clk: w.clk}
 	rec.observe(l)
 	done := make(chan time.Time, 1)
 	go func() { <-l.Done(); done <- time.Now() }()
