@@ -48,8 +48,9 @@ type Proxy struct {
 	hold   Direction // held on every connection
 	drop   Direction
 	delay  [2]time.Duration
-	recv   [2]int64 // bytes read from senders
-	fwd    [2]int64 // bytes written to receivers
+	base   time.Duration // Latency
+	recv   [2]int64      // bytes read from senders
+	fwd    [2]int64      // bytes written to receivers
 	conns  map[*conn]struct{}
 }
 
@@ -148,7 +149,7 @@ func (p *Proxy) pump(c *conn, i int, src net.Conn) {
 		p.mu.Lock()
 		p.recv[i] += int64(n)
 		if n > 0 && p.drop&dirs[i] == 0 && !c.dead {
-			c.q[i] = append(c.q[i], chunk{bytes.Clone(buf[:n]), time.Now().Add(p.delay[i])})
+			c.q[i] = append(c.q[i], chunk{bytes.Clone(buf[:n]), time.Now().Add(p.base + p.delay[i])})
 		}
 		if err != nil {
 			c.eof[i] = true
@@ -279,6 +280,15 @@ func (p *Proxy) Delay(dir Direction, d time.Duration) {
 		}
 	})
 }
+
+// Latency delivers every chunk read from now on, both ways, at least d
+// after it was read, on top of Delay and untouched by Delay, Pass and the
+// other faults: the proxy's own latency, as a network's. For in-memory
+// connections under testing/synctest (see StartOn), where a round trip
+// would otherwise take no time at all, and a goroutine that a reply wakes
+// could run before the caller of the request has gone on: over a network
+// it never does. The default is 0.
+func (p *Proxy) Latency(d time.Duration) { p.update(func() { p.base = d }) }
 
 // Pass returns dir to plain forwarding: it ends Hold, Drop, Delay and Freeze
 // in dir, so anything held is delivered first (delayed chunks keep their

@@ -28,6 +28,15 @@ type harness struct {
 	pipes *pipeNet // nil: TCP
 }
 
+// pipeLatency is the in-memory network's latency each way, about
+// loopback TCP's through the proxy: a round trip takes time, as on any
+// network, also under virtual time. Without it a reply could wake its
+// goroutine before the caller of the request had gone on: a handover's
+// background transfer, say, could confirm the new lease before the case
+// looked at the deadline it was handed (DeadlineWithinStore then missed
+// the handover-prev-deadline flaw in about one run in twelve).
+const pipeLatency = 50 * time.Microsecond
+
 // newHarness starts a server over a new store, on loopback TCP, or on an
 // in-memory network with pipes.
 func newHarness(t *testing.T, pipes bool) *harness {
@@ -80,6 +89,7 @@ func (h *harness) NewBackend(context.Context) (backend.Backend, error) {
 	dial, opts := h.dialTo(h.srv.Addr().String())
 	if dial != nil {
 		px = faultproxy.StartOn(h.t, h.pipes.Listen(), dial)
+		px.Latency(pipeLatency)
 	} else {
 		px = faultproxy.Start(h.t, h.srv.Addr().String())
 	}
