@@ -110,6 +110,24 @@
 // intervals never overlapped, that a fenced resource never refused a valid
 // lease, that lost signals fired by the deadline, and the history; see
 // FaultOption.
+//
+// # Virtual time
+//
+// A store in the test process can run the suite and the fault runs under
+// testing/synctest, where waiting out a TTL costs no wall time: Run with
+// VirtualTime, RunFaults with FaultVirtualTime. Each case, each subtest of
+// StaleOwner and ReplyLost, and each fault run then runs in a bubble of its
+// own, with a harness that newHarness makes in that bubble. The cases,
+// their checks and their bounds are the same; a bound measured on the
+// clock holds on an exact one. Everything the harness's clients block on
+// must be durable in a bubble (channels, timers, sync.Cond; not a TCP
+// socket, whose reads would stop the clock): the memory store, or a
+// networked store over in-memory connections (net.Pipe) through
+// faultproxy.StartOn, with Proxy.Latency so that a round trip takes time
+// (memory/netstore/conformance_test.go). CancelUnderLoad keeps to real
+// time: its load spins for a second of the clock without blocking. Stores
+// in other processes (SIGSTOP, restarts, helper processes) run in real
+// time.
 package conformance
 
 import (
