@@ -405,6 +405,14 @@ func (p *Place) apply(token string, res Result, err error) (backend.Grant, error
 		return res.Grant, nil
 	case !locked:
 		p.queued = res.Queued
+		if res.Queued && p.cur == "" {
+			// The outcome is unknown: the attempt may have put the
+			// record, with its token, and the place had no token of
+			// its own before. Leave must know it, or a record put by
+			// an attempt whose reply never came stays for its TTL,
+			// first in the queue, with no waiter behind it.
+			p.cur = token
+		}
 		return backend.Grant{}, err
 	case !res.Queued:
 		// Refused without queueing (a store's pause): the place is as

@@ -430,3 +430,24 @@ func TestHandoffOfAnEarlierRecordRefused(t *testing.T) {
 		t.Error("a handover to the record's token was refused")
 	}
 }
+
+// TestUnknownFirstAttemptIsLeft: a first attempt whose outcome is unknown
+// (its context ended while it was on its way) may have put the record,
+// with its token; the place that then gives up must leave with that
+// token, or the store keeps the record for its TTL, first in the queue.
+func TestUnknownFirstAttemptIsLeft(t *testing.T) {
+	leaving := make(chan Leaving, 1)
+	f := &fakeStore{
+		attempt: func(int, Attempt) (Result, error) { return Result{Queued: true}, context.DeadlineExceeded },
+		leave:   func(l Leaving) { leaving <- l },
+	}
+	g, p := newPlace(t, f)
+	if _, err := p.Acquire(context.Background(), tokA, long); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire: %v; want the attempt's error", err)
+	}
+	p.Close(false)
+	g.Close()
+	if l := receive(t, leaving, "Leave"); l != (Leaving{Token: tokA, Queued: true}) {
+		t.Errorf("Leave(%+v); want token %s, Queued: the attempt may have put the record", l, tokA)
+	}
+}
