@@ -6,15 +6,21 @@ import (
 	"github.com/distlock/lock/internal/simtest"
 )
 
+// The CI budget, in seeds: each run has about 100 critical sections.
+const (
+	redisBudget   = 100
+	redlockBudget = 40
+)
+
 // TestSimRedis runs package lock over the Redis backend's real code and
 // scripts against one in-process Redis server, over the simulated
 // network, for the seeds the flags name (see internal/simtest's flags).
 func TestSimRedis(t *testing.T) {
-	simtest.Sweep(t, simtest.Config{Model: New(1)}, "./internal/simredis")
+	simtest.Sweep(t, simtest.Config{Model: New(1)}, "./internal/simredis", redisBudget)
 }
 
 // TestSimRedlock is TestSimRedis over a Redlock of three servers; the
 // timed faults pause and restart one node at a time.
 func TestSimRedlock(t *testing.T) {
-	simtest.Sweep(t, simtest.Config{Model: New(3)}, "./internal/simredis")
+	simtest.Sweep(t, simtest.Config{Model: New(3)}, "./internal/simredis", redlockBudget)
 }

@@ -31,6 +31,7 @@ var (
 	simBase  = flag.String("simbase", "", "the first seed of a simulation test's run (default: a random one, printed)")
 	simTTL   = flag.Duration("simttl", time.Second, "the lease TTL of the simulated runs; the workload and the faults scale with it, latencies do not")
 	simV     = flag.Bool("simv", false, "log every seed's summary")
+	simWant  = flag.String("simwant", "", "stop at the first seed with a violation that contains this text, and report how many seeds it took (the self-test of internal/simredis runs flawed copies so)")
 	simTries = flag.Int("simtries", 20, "with -simseed: run the seed up to this many times, until one fails (a seed fixes the fault schedule, not the interleaving)")
 )
 
@@ -48,6 +49,17 @@ func seeds(t *testing.T) []uint64 {
 
 // seedRange returns -simseeds seeds from -simbase (random unless given).
 func seedRange(t *testing.T) []uint64 { return seedRangeN(t, *simSeeds) }
+
+// Budget returns the number of seeds a simulation test runs: -simseeds if
+// given, otherwise n, the test's share of the CI budget.
+func Budget(n int) int {
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "simseeds" })
+	if set {
+		return *simSeeds
+	}
+	return n
+}
 
 // seedRangeN returns n seeds from -simbase (random unless given).
 func seedRangeN(t *testing.T, n int) []uint64 {
@@ -120,14 +132,18 @@ func failure(r *Result, pkg, test string) string {
 		r.Seed, len(r.Violations), test, pkg, r.Seed, strings.Join(r.Violations, "\n  "), strings.Join(r.Faults, "\n  "))
 }
 
-// Sweep runs cfg with the seeds the flags name, one after another, and
-// fails t on any violation (up to three seeds' worth, then it stops). pkg
-// is the package's directory, for the replay command it prints.
-func Sweep(t *testing.T, cfg Config, pkg string) {
+// Sweep runs cfg with the seeds the flags name (-simseed, or Budget(n)
+// seeds from -simbase), one after another, and fails t on any violation
+// (up to three seeds' worth, then it stops). pkg is the package's
+// directory, for the replay command it prints.
+func Sweep(t *testing.T, cfg Config, pkg string, n int) {
 	if cfg.TTL == 0 {
 		cfg.TTL = *simTTL
 	}
 	ss := seeds(t)
+	if *simSeed == "" {
+		ss = seedRangeN(t, Budget(n))
+	}
 	if *simSeed == "" {
 		t.Logf("seeds %d to %d (replay one with -simseed=N)", ss[0], ss[len(ss)-1])
 	}
@@ -137,7 +153,7 @@ func Sweep(t *testing.T, cfg Config, pkg string) {
 	if *simSeed != "" {
 		tries = max(1, *simTries)
 	}
-	for _, seed := range ss {
+	for i, seed := range ss {
 		var r *Result
 		for try := 0; try < tries; try++ {
 			cfg.Seed = seed
@@ -153,6 +169,14 @@ func Sweep(t *testing.T, cfg Config, pkg string) {
 		if *simV {
 			t.Logf("seed %d: %d sections, %d lost, %v simulated, %d faults", seed, r.Sections, r.Lost, r.Simulated, len(r.Faults))
 		}
+		if *simWant != "" {
+			if v, ok := violation(r, *simWant); ok {
+				t.Log(ta)
+				t.Errorf("FOUND %q after %d seeds (seed %d): %s", *simWant, i+1, seed, v)
+				return
+			}
+			continue
+		}
 		if len(r.Violations) > 0 {
 			t.Error(failure(r, pkg, t.Name()))
 			if failed++; failed == 3 {
@@ -160,5 +184,18 @@ func Sweep(t *testing.T, cfg Config, pkg string) {
 			}
 		}
 	}
+	if *simWant != "" {
+		t.Logf("NOT FOUND %q in %d seeds", *simWant, len(ss))
+	}
 	t.Log(ta)
+}
+
+// violation returns r's first violation that contains want.
+func violation(r *Result, want string) (string, bool) {
+	for _, v := range r.Violations {
+		if strings.Contains(v, want) {
+			return v, true
+		}
+	}
+	return "", false
 }

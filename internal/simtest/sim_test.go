@@ -14,7 +14,7 @@ import (
 // TestSim runs package lock's real code against the memory store over the
 // simulated network, one seed after another, and fails on any violation.
 func TestSim(t *testing.T) {
-	Sweep(t, Config{TTL: *simTTL}, "./internal/simtest")
+	Sweep(t, Config{TTL: *simTTL}, "./internal/simtest", 150)
 }
 
 // Deliberately broken backends, each wrapping a simulated connection: the
