@@ -26,7 +26,6 @@ const (
 	redisRedis    = "../../redis/redis.go"
 	redisQueue    = "../../redis/queue.go"
 	redisRedlock  = "../../redis/redlock.go"
-	waitqGo       = "../../backend/waitq/waitq.go"
 )
 
 // history is a bug fixed earlier, re-created by a flaw, and the model the
@@ -410,36 +409,30 @@ var histories = []history{
 	// grant, handover or transfer with fence 0 or a short TTL:
 	// ErrBackendContract, contract.go).
 	//
-	// The place logic now lives in backend/waitq, shared by the Redis,
-	// etcd and Consul waiters' queues: the edit there makes a retry that
-	// also reports its carrier gone return a zero grant with a nil error;
-	// the second edit switches off package lock's fence-0 rule, since the
+	// Consul's half of the bug (a retry that took another pooled session,
+	// expired too) has no counterpart in the Redis backend, whose
+	// waiter's record is its own carrier. The re-creation is the bug's
+	// effect at the same layer, the waiter's place: an attempt that failed
+	// in the store (no reply, a broken connection) answers a zero grant
+	// with no error, as Consul's place did when its tries failed; and the
+	// second edit switches off package lock's fence-0 rule, since the
 	// history needs both (a zero grant's TTL is 0, "as asked", which the
-	// TTL rule lets through). Consul's own half (its retry taking a
-	// pooled session instead of a fresh one, consul/queue.go's a.Fresh)
-	// is not edited: it does not exist in the Redis module.
-	//
-	// Not reachable over Redis as it stands: waitq's retry runs only when
-	// Store.Attempt returns waitq.ErrGone, and Redis's place never does (its
-	// record is its own carrier: an attempt rewrites it). The simulation
-	// finds this history only with a waiters' store that reports ErrGone
-	// twice in a row: a model whose place's carrier can vanish (an
-	// expired session or lease, as Consul's and etcd's; for instance a
-	// waitq.Store wrapper in the model that reports ErrGone for a place
-	// whose record the store expired while its process stalled). Then:
-	// a lease of fence 0 for a key the store does not hold, and another
-	// client's lease on it: an overlap (and fence 0 after a higher fence).
-	// Caught by waitq's TestGoneRetriedOnce/gone_twice and package lock's
-	// TestBrokenGrantIsNotALease (checked); the real-server test, consul
-	// TestPooledSessionsExpiredWhileIdle, needs a Consul agent.
+	// TTL rule lets through). The simulation then sees a lease of fence 0
+	// for a key the store may not hold, and another client's lease on it:
+	// an overlap. (In waitq itself, the retry that follows a carrier gone,
+	// which the Consul bug took, runs only for stores that report
+	// waitq.ErrGone: etcd's and Consul's, not modelled here.) Caught by
+	// package lock's TestBrokenGrantIsNotALease (checked); the
+	// real-server test, consul TestPooledSessionsExpiredWhileIdle, needs
+	// a Consul agent.
 	{
 		name:  "Consul zero grant",
 		model: "redis",
 		want:  "overlap on",
 		flaw: flaw("consul-zero-grant",
-			edit(waitqGo,
-				"\t\t\treturn backend.Grant{}, fmt.Errorf(\"the store dropped the waiter's record carrier at once (removed from outside?); nothing was changed: %w\", err)\n",
-				"\t\t\treturn backend.Grant{}, nil // flaw: every try found its carrier gone, and a zero grant with no error\n"),
+			edit(redisQueue,
+				"\t\treturn waitq.Result{Queued: true}, acquireErr(err)\n",
+				"\t\treturn waitq.Result{}, nil // flaw: an attempt that failed answers a zero grant with no error\n"),
 			edit(lockContract,
 				"\tcase fence == 0:\n",
 				"\tcase fence == 0 && false: // flaw: a fence of 0 is taken\n"),
