@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -199,10 +200,46 @@ func (h *history) check(res *Result) {
 			}
 		}
 	}
+	res.Leases = h.leasesOf(leases, res)
 	h.mu.Lock()
 	res.Violations = slices.Clone(h.violations)
 	if h.dropped > 0 {
 		res.Violations = append(res.Violations, fmt.Sprintf("(%d more violations of the kinds above)", h.dropped))
 	}
 	h.mu.Unlock()
+}
+
+// leasesOf describes the leases of the keys that h's violations name (a
+// key is named quoted), in the order they were granted: the part of the
+// history that a failing run's reader needs.
+func (h *history) leasesOf(leases []*leaseRec, res *Result) []string {
+	h.mu.Lock()
+	named := func(key string) bool {
+		for _, v := range h.violations {
+			if strings.Contains(v, fmt.Sprintf("%q", key)) {
+				return true
+			}
+		}
+		return false
+	}
+	h.mu.Unlock()
+	var out []*leaseRec
+	for _, r := range leases {
+		if named(r.key) {
+			out = append(out, r)
+		}
+	}
+	slices.SortFunc(out, func(a, b *leaseRec) int { return a.start.Compare(b.start) })
+	var lines []string
+	for _, r := range out {
+		line := fmt.Sprintf("%q %s; release called %v, Done %v, last deadline %v", r.key, h.describe(r), h.at(r.release), h.at(r.done), h.at(r.lastDeadline()))
+		if r.err != nil {
+			line += fmt.Sprintf("; Err %v", r.err)
+		}
+		if r.relErr != nil {
+			line += fmt.Sprintf("; Release: %v", r.relErr)
+		}
+		lines = append(lines, line)
+	}
+	return lines
 }

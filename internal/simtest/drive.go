@@ -128,8 +128,8 @@ func (ta *tally) String() string {
 // failure describes a failing run, with the command that replays it: the
 // test named test in the package in directory pkg.
 func failure(r *Result, pkg, test string) string {
-	return fmt.Sprintf("seed %d: %d violations (replay: go test -race -run '^%s$' %s -simseed=%d):\n  %s\nfault schedule:\n  %s",
-		r.Seed, len(r.Violations), test, pkg, r.Seed, strings.Join(r.Violations, "\n  "), strings.Join(r.Faults, "\n  "))
+	return fmt.Sprintf("seed %d: %d violations (replay: go test -race -run '^%s$' %s -simseed=%d):\n  %s\nthe leases of the keys named:\n  %s\nfault schedule:\n  %s",
+		r.Seed, len(r.Violations), test, pkg, r.Seed, strings.Join(r.Violations, "\n  "), strings.Join(r.Leases, "\n  "), strings.Join(r.Faults, "\n  "))
 }
 
 // Sweep runs cfg with the seeds the flags name (-simseed, or Budget(n)
