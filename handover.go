@@ -100,7 +100,9 @@ const handoverMargin = 4 // TTL/4
 
 // transferToNext hands the lock to the next goroutine of this client waiting
 // for the key, when the backend can and no other process waits. It reports
-// whether the release is done, and its error.
+// whether the release is done, and its error; when it is not done, moved
+// reports that a transfer of unknown outcome went out, which may have moved
+// the lock to the waiter's token (see Release).
 //
 // When a fence was reserved for the next holder (by the transfer that
 // brought the lock to l), the next holder starts at once, ahead of the
@@ -126,14 +128,14 @@ const handoverMargin = 4 // TTL/4
 // it returns, with its deadline counted from the send; a transfer of
 // unknown outcome releases the waiter's token (the waiter asks the store
 // with fresh tokens) and l's release goes on as usual.
-func (l *Lease) transferToNext(ctx context.Context) (bool, error) {
+func (l *Lease) transferToNext(ctx context.Context) (done, moved bool, err error) {
 	c := l.c
 	if c.transfer == nil || c.caps.InProcess {
-		return false, nil
+		return false, false, nil
 	}
 	w := c.local.next(l.key)
 	if w == nil {
-		return false, nil
+		return false, false, nil
 	}
 	l.mu.Lock()
 	reserved, deadline, ttl := l.next, l.v.deadline, l.v.ttl
@@ -153,7 +155,7 @@ func (l *Lease) transferToNext(ctx context.Context) (bool, error) {
 		if !started {
 			complete() // the client is closing
 		}
-		return true, nil
+		return true, false, nil
 	}
 	sent := w.cfg.clock.Now()
 	t, err := c.transfer.Transfer(ctx, l.key, l.token, w.token, w.cfg.ttl, backend.TransferOptions{Reserve: true})
@@ -165,7 +167,7 @@ func (l *Lease) transferToNext(ctx context.Context) (bool, error) {
 			c.cleanup(ctx, l.key, w.token, w.cfg.ttl, nil)
 			err := l.c.b.Release(ctx, l.key, l.token)
 			l.turn.pass()
-			return true, wrap("release", l.key, errors.Join(berr, err))
+			return true, false, wrap("release", l.key, errors.Join(berr, err))
 		}
 	}
 	switch {
@@ -177,21 +179,22 @@ func (l *Lease) transferToNext(ctx context.Context) (bool, error) {
 		if !c.local.deliver(l.key, w, next) {
 			next.releaseInBackground() // the waiter gave up meanwhile
 		}
-		return true, nil
+		return true, false, nil
 	case errors.Is(err, ErrNotHeld):
 		lost := fmt.Errorf("%w: the store no longer held it at release: %w", ErrLost, err)
 		l.mu.Lock()
 		l.err = lost
 		l.unlock()
 		l.turn.pass()
-		return true, wrap("release", l.key, lost)
+		return true, false, wrap("release", l.key, lost)
 	case !errors.Is(err, backend.ErrTransferRefused):
 		// Unknown outcome: the store may hold the lock for w's token,
 		// which nobody will use (w asks the store with fresh tokens once
 		// it has the turn): free it, then release plainly.
 		c.cleanup(ctx, l.key, w.token, w.cfg.ttl, nil)
+		return false, true, nil
 	}
-	return false, nil // refused, or failed: release plainly
+	return false, false, nil // refused: release plainly
 }
 
 // completeHandover sends the transfer of a lock handed over ahead of the
