@@ -382,11 +382,11 @@ func (w *worker) hoard(end time.Time) {
 	r := w.rng
 	for range 2 {
 		hold := w.ttl + time.Duration(r.Int64N(int64(2*w.ttl)))
-		wait := time.Duration(r.Int64N(int64(max(time.Until(end)-hold, 1) / 2)))
-		time.Sleep(wait)
-		if !time.Now().Before(end) {
-			return
+		room := (time.Until(end) - hold) / 2
+		if room <= 0 {
+			return // no room left for another hoard
 		}
+		time.Sleep(time.Duration(r.Int64N(int64(room))))
 		type held struct {
 			rec  *leaseRec
 			l    *lock.Lease
