@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -128,8 +129,36 @@ func (ta *tally) String() string {
 // failure describes a failing run, with the command that replays it: the
 // test named test in the package in directory pkg.
 func failure(r *Result, pkg, test string) string {
-	return fmt.Sprintf("seed %d: %d violations (replay: go test -race -run '^%s$' %s -simseed=%d):\n  %s\nthe leases of the keys named:\n  %s\nfault schedule:\n  %s",
-		r.Seed, len(r.Violations), test, pkg, r.Seed, strings.Join(r.Violations, "\n  "), strings.Join(r.Leases, "\n  "), strings.Join(r.Faults, "\n  "))
+	return fmt.Sprintf("seed %d: %d violations (replay: go test -race -run '^%s$' %s -simseed=%d):\n  %s\nthe leases of the keys named:\n  %s\nthe faults of the keys named, and every timed fault (-simv: all):\n  %s",
+		r.Seed, len(r.Violations), test, pkg, r.Seed, strings.Join(r.Violations, "\n  "), strings.Join(r.Leases, "\n  "), strings.Join(relevantFaults(r), "\n  "))
+}
+
+// relevantFaults returns the faults of r that concern the keys its
+// violations name, and the timed ones (partitions, pauses, restarts,
+// which name no key); with -simv, all of them.
+func relevantFaults(r *Result) []string {
+	if *simV {
+		return r.Faults
+	}
+	quoted := regexp.MustCompile(`"[^"]*"`)
+	named := map[string]bool{}
+	for _, v := range r.Violations {
+		for _, k := range quoted.FindAllString(v, -1) {
+			named[k] = true
+		}
+	}
+	var out []string
+	for _, f := range r.Faults {
+		ks := quoted.FindAllString(f, -1)
+		keep := len(ks) == 0
+		for _, k := range ks {
+			keep = keep || named[k]
+		}
+		if keep {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 // Sweep runs cfg with the seeds the flags name (-simseed, or Budget(n)
