@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/distlock/lock/internal/flawpatch"
+	"github.com/distlock/lock/internal/simtest"
 )
 
 // historyEnv marks the child processes of TestSimFindsHistories, each a
@@ -38,13 +39,16 @@ func TestSimFindsHistories(t *testing.T) {
 		flaws = append(flaws, h.flaw)
 	}
 	b.Prepare(flaws...) // one build at a time, ahead of the runs
-	found := regexp.MustCompile(`FOUND .* after (\d+) seeds \(seed (\d+)\)`)
+	found := regexp.MustCompile(`FOUND .* after (\d+) seeds \(seed (\d+)\): (.*)`)
 	var table []string
 	for _, h := range histories {
 		t.Run(h.name, func(t *testing.T) {
 			test, budget := "TestSimRedis", redisBudget
 			if h.model == "redlock" {
 				test, budget = "TestSimRedlock", redlockBudget
+			}
+			if b := simtest.Budget(0); b > 0 {
+				budget = b // -simseeds
 			}
 			bin := b.Binary(t, h.flaw)
 			start := time.Now()
@@ -59,6 +63,7 @@ func TestSimFindsHistories(t *testing.T) {
 			line := fmt.Sprintf("%-50s %-14s seeds to the first failure: %4s of %d (seed %s, %v)", h.name, test, m[1], budget, m[2], time.Since(start).Round(time.Second))
 			table = append(table, line)
 			t.Log(line)
+			t.Logf("the violation: %.400s", m[3])
 		})
 	}
 	t.Log("the histories and the seeds to their first failure:\n  " + strings.Join(table, "\n  "))
