@@ -7,7 +7,8 @@ import (
 )
 
 // The histories of issue 28's acceptance: bugs fixed earlier (issue 8's
-// histories 1 to 7, here X1 to X7; X9, a retried release; issue 24's
+// histories 1 to 7, here X1 to X7, of which the issue names X1 to X3 and
+// X5 to X7, with "X7/X9 (retried release)" as one; issue 24's
 // Consul zero grant and cross-key sharing), each re-created in today's code
 // by a flaw, for the simulation to find. Each edit undoes the essence of
 // the fix, as small as today's code allows; the comment of each history
@@ -20,8 +21,6 @@ const (
 	lockAcquire   = "../../acquire.go"
 	lockLocal     = "../../local.go"
 	lockScheduler = "../../scheduler.go"
-	lockLease     = "../../lease.go"
-	lockCleanup   = "../../cleanup.go"
 	lockContract  = "../../contract.go"
 	redisRedis    = "../../redis/redis.go"
 	redisQueue    = "../../redis/queue.go"
@@ -353,47 +352,6 @@ var histories = []history{
 			edit(redisRedis,
 				"if d then\n  return tonumber(d)\nend\n",
 				"if d then\n  return 0 -- flaw X7: released before, yet \"not held\"\nend\n"),
-		),
-	},
-
-	// X9, the retried release's later variant (which history X9 names is
-	// not written down anywhere; this is the later fix of a release that
-	// was not retried): a release of unknown outcome was sent once. After
-	// a handover of unknown outcome, package lock's cleanup released each
-	// token once; the fault that made the outcome unknown had broken the
-	// connection, the release failed with "connection reset by peer", and
-	// the key stayed held for its whole TTL (netstore HandoverFails, 9 of
-	// 100). A Release of unknown outcome likewise returned its error and
-	// left the key held. Fixed in 18e7cf0 (a cleanup release of unknown
-	// outcome is sent again, at most twice, after 50 and 200ms) and
-	// e217ef6 (Lease.Release hands the same bounded resend to the
-	// background).
-	//
-	// The edits send a cleanup release once (cleanupResends 0) and leave a
-	// Release of unknown outcome without a resend.
-	//
-	// To show it the simulation needs: a release (a lease's, or a cleanup
-	// after an unknown acquire or transfer) whose request is lost, or
-	// whose connection breaks, so that it fails without the store having
-	// acted, and go-redis not retrying it (MaxRetries -1, or a context
-	// that ends first); the key then stays held for its TTL with nobody
-	// holding it. As for X6 the leftover checks see it only within a TTL
-	// of them; a check that the store frees a released token's lock
-	// within the resends' bound (about 300ms plus round trips) once the
-	// network is healed would see every case. Caught by package lock's
-	// TestCleanupSendsAnUnknownReleaseAgain and
-	// TestReleaseOfUnknownOutcomeIsSentAgain (checked; scripted store).
-	{
-		name:  "X9 release of unknown outcome sent once",
-		model: "redis",
-		want:  "still holds",
-		flaw: flaw("x9-release-sent-once",
-			edit(lockCleanup,
-				"const cleanupResends = 2\n",
-				"const cleanupResends = 0 // flaw X9: sent once\n"),
-			edit(lockLease,
-				"\t\tl.c.cleanup(ctx, l.key, l.token, l.TTL(), nil)\n\t\treturn wrap(\"release\", l.key, err)\n",
-				"\t\treturn wrap(\"release\", l.key, err) // flaw X9: not sent again\n"),
 		),
 	},
 
