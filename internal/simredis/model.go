@@ -42,6 +42,14 @@ type model struct {
 func New(nodes int, opts ...lredis.Option) simtest.NewModel {
 	return func(env simtest.Env) simtest.Model {
 		m := &model{net: &simnet{ttl: env.TTL, log: env.Log, cutUntil: map[int]time.Time{}}, opts: opts}
+		if nodes > 1 {
+			// A node that restarts empty waits the maximum TTL before it
+			// votes again: the longest TTL the workload asks for (20
+			// TTLs, see simtest's calm phase) and a little more, so that
+			// runs see it come back and adopt fence counters.
+			opts := append([]lredis.Option{lredis.WithMaxTTL(25 * env.TTL)}, opts...)
+			m.opts = opts
+		}
 		for i := 0; i < nodes; i++ {
 			s := miniredis.NewMiniRedis()
 			// TTLs run on the clock, which in the bubble is the
@@ -52,6 +60,7 @@ func New(nodes int, opts ...lredis.Option) simtest.NewModel {
 		}
 		if nodes > 1 {
 			m.initNodes()
+			return redlock{m}
 		}
 		return m
 	}
@@ -132,6 +141,19 @@ func (m *model) Resume(node int) { m.net.nodes[node].resume() }
 // Restart implements simtest.Model: every connection to the node breaks;
 // the server keeps its data (as with appendfsync always).
 func (m *model) Restart(node int) { m.net.nodes[node].restart() }
+
+// redlock is the model of a Redlock: its nodes may also restart empty.
+type redlock struct{ *model }
+
+var _ simtest.EmptyRestarter = redlock{}
+
+// RestartEmpty implements simtest.EmptyRestarter: the node forgets
+// everything (locks, fence counters, its state key) and every connection
+// to it breaks, as at a restart without persistence.
+func (m redlock) RestartEmpty(node int) {
+	m.srvs[node].FlushAll()
+	m.net.nodes[node].restart()
+}
 
 // kept reports whether a Redis key may outlive every lease and waiter: the
 // fence counters; the tombstones of released tokens, which make a release

@@ -92,6 +92,19 @@ type history struct {
 	kinds      map[string]int // violations seen, by format
 	dropped    int            // violations not kept
 	nCancelled int
+	dataLost   bool // a store node restarted empty
+}
+
+func (h *history) loseData() {
+	h.mu.Lock()
+	h.dataLost = true
+	h.mu.Unlock()
+}
+
+func (h *history) lostData() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.dataLost
 }
 
 // maxViolations bounds the violations kept of each kind (each call site's

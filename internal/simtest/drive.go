@@ -6,6 +6,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -84,11 +85,25 @@ func seedRangeN(t *testing.T, n int) []uint64 {
 func runSeed(t *testing.T, cfg Config) (res *Result) {
 	defer func() {
 		if p := recover(); p != nil {
-			res = &Result{Seed: cfg.Seed, Violations: []string{fmt.Sprintf("the bubble failed: %v", p)}}
+			res = &Result{Seed: cfg.Seed, Violations: []string{fmt.Sprintf("the bubble failed: %v; its goroutines:\n%s", p, bubbleStacks())}}
 		}
 	}()
 	synctest.Test(t, func(t *testing.T) { res = Run(cfg) })
 	return res
+}
+
+// bubbleStacks returns the stacks of the goroutines still in a synctest
+// bubble (those a failed bubble left blocked), at most 30 of them.
+func bubbleStacks() string {
+	buf := make([]byte, 4<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	var out []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(strings.SplitN(g, "\n", 2)[0], "synctest bubble") && len(out) < 30 {
+			out = append(out, g)
+		}
+	}
+	return strings.Join(out, "\n\n")
 }
 
 // tally sums up runs for the report line.

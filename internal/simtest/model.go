@@ -48,6 +48,14 @@ type Model interface {
 	Close()
 }
 
+// EmptyRestarter is a Model whose nodes can restart with their data lost,
+// without breaking what the store promises (a Redlock's: a node that comes
+// back empty does not vote until every lock it may have granted has
+// expired).
+type EmptyRestarter interface {
+	RestartEmpty(node int)
+}
+
 // Env is what a model is made with.
 type Env struct {
 	TTL time.Duration

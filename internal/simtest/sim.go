@@ -234,7 +234,7 @@ func Run(cfg Config) *Result {
 		w := &worker{client: 0, id: cfg.Workers, c: clients[0], clk: clocks[0], keys: hoard, ttl: ttl, rng: sub(), h: h, guard: &guard}
 		wg.Go(func() { w.hoard(faultyEnd) })
 	}
-	schedule(rng, log, model, cfg.Clients, ttl, faultyEnd)
+	schedule(rng, log, model, cfg.Clients, ttl, faultyEnd, h)
 	model.SetFaults(false)
 	wg.Wait()
 
@@ -288,7 +288,12 @@ func checkLeftovers(h *history, model Model, keys []string) {
 // schedule injects the timed faults until end, one at a time: a partition
 // of one client, a pause of a store node, a restart of one keeping data.
 // It heals each before the next.
-func schedule(rng *rand.Rand, log *faultLog, model Model, clients int, ttl time.Duration, end time.Time) {
+//
+// A model that is an EmptyRestarter also restarts a node empty, at most once
+// a run: what its store promises holds while at most one node at a time
+// has lost its data (see package redis, Redlock).
+func schedule(rng *rand.Rand, log *faultLog, model Model, clients int, ttl time.Duration, end time.Time, h *history) {
+	emptied := false
 	for {
 		wait := ttl + time.Duration(rng.Int64N(int64(3*ttl)))
 		d := []time.Duration{ttl / 2, 2 * ttl, ttl / 10}[rng.IntN(3)]
@@ -311,6 +316,13 @@ func schedule(rng *rand.Rand, log *faultLog, model Model, clients int, ttl time.
 			time.Sleep(d)
 			model.Resume(node)
 		case 2:
+			if e, ok := model.(EmptyRestarter); ok && !emptied && rng.IntN(3) == 0 {
+				emptied = true
+				h.loseData()
+				log.add("store node %d restarted empty", node)
+				e.RestartEmpty(node)
+				continue
+			}
 			log.add("store node %d restarted, keeping its data", node)
 			model.Restart(node)
 		}
@@ -542,7 +554,10 @@ func (w *worker) release(rec *leaseRec, l *lock.Lease) error {
 	// the store may end as lost while Release waits for the handover to
 	// settle (its transfer failed), which is a loss, reported as such.
 	own := err != nil && strings.Contains(err.Error(), "no longer held it at release")
-	if valid && own && errors.Is(err, lock.ErrLost) && w.clk.Now().Before(dl) {
+	// A node restarted empty forgets the locks it held: a release may
+	// then find the lock gone from a majority while no one else can take
+	// it (the empty node does not vote yet), a true "not held".
+	if valid && own && errors.Is(err, lock.ErrLost) && w.clk.Now().Before(dl) && !w.h.lostData() {
 		w.h.violate("release reported lost while held: %s was valid when Release was called, and Release answered before its deadline (%v left): %v", w.h.describe(rec), w.clk.Until(dl), err)
 	}
 	return err
