@@ -9,7 +9,7 @@ import (
 // The CI budget, in seeds: each run has about 100 critical sections.
 const (
 	redisBudget   = 100
-	redlockBudget = 40
+	redlockBudget = 25
 )
 
 // TestSimRedis runs package lock over the Redis backend's real code and
