@@ -287,17 +287,8 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness, opts ...Option) {
 			f(&o)
 		}
 	}
-	var (
-		s         *suite
-		transfers bool
-	)
-	inBubble(t, o.virtual, func(t *testing.T) {
-		h := newHarness(t)
-		if h == nil {
-			t.Fatal("conformance: newHarness returned nil")
-		}
-		s = newSuite(t, h)
-		s.virtual = o.virtual
+	var transfers bool
+	s := suiteOf(t, o.virtual, newHarness, func(t *testing.T, s *suite) {
 		s.checkDeclarations(t)
 		transfers = s.transfers(t)
 	})
@@ -426,3 +417,22 @@ const (
 	manyKeysTimeout = 6 * time.Minute
 	checkBudget     = 30 * time.Second // for the history checker
 )
+
+// suiteOf makes the suite over the harness newHarness returns, in a
+// synctest bubble when virtual, and runs more (if not nil) on it in the
+// same bubble.
+func suiteOf(t *testing.T, virtual bool, newHarness func(t *testing.T) Harness, more func(t *testing.T, s *suite)) *suite {
+	var s *suite
+	inBubble(t, virtual, func(t *testing.T) {
+		h := newHarness(t)
+		if h == nil {
+			t.Fatal("conformance: newHarness returned nil")
+		}
+		s = newSuite(t, h)
+		s.virtual = virtual
+		if more != nil {
+			more(t, s)
+		}
+	})
+	return s
+}

@@ -133,15 +133,7 @@ func RunFaults(t *testing.T, newHarness func(t *testing.T) Harness, opts ...Faul
 	if err != nil {
 		t.Fatal(err)
 	}
-	var s *suite
-	inBubble(t, o.virtual, func(t *testing.T) {
-		h := newHarness(t)
-		if h == nil {
-			t.Fatal("conformance: newHarness returned nil")
-		}
-		s = newSuite(t, h)
-		s.virtual = o.virtual
-	})
+	s := suiteOf(t, o.virtual, newHarness, nil)
 	seeds := make([]uint64, o.runs)
 	for i := range seeds {
 		seeds[i] = rand.Uint64() >> 1
