@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/distlock/lock/internal/simtest"
 )
 
 // The simulated network between the go-redis clients and the in-process
@@ -277,16 +279,6 @@ func (l *link) start() {
 	go l.deliver(down, l.cc, false)
 }
 
-// latency draws a travel time: mostly short, sometimes ten times longer,
-// so that connections overtake each other.
-func latency(r *rand.Rand) time.Duration {
-	d := time.Duration(r.Int64N(int64(2 * time.Millisecond)))
-	if r.IntN(20) == 0 {
-		d += time.Duration(r.Int64N(int64(20 * time.Millisecond)))
-	}
-	return d
-}
-
 // read reads chunks from src and queues them for delivery, each no
 // earlier than the one before it (one connection keeps its order).
 func (l *link) read(src net.Conn, q chan<- chunk, toServer bool) {
@@ -419,7 +411,7 @@ func (l *link) draw(b []byte, toServer bool) (d time.Duration, init bool) {
 		return 0, true
 	}
 	r := l.r
-	d = latency(r)
+	d = simtest.Latency(r)
 	x := r.IntN(1000) // drawn whether or not faults are on
 	if !l.n.faultsOn() {
 		if !toServer && l.delayNext > 0 {

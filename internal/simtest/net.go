@@ -194,9 +194,10 @@ type plan struct {
 	dupReply  bool          // the caller gets the second copy's reply
 }
 
-// latency draws a travel time: mostly short, sometimes ten times longer, so
-// that requests of one client overtake each other.
-func latency(r *rand.Rand) time.Duration {
+// Latency draws a travel time: mostly under 2ms, one in twenty up to
+// 20ms longer, so that requests (and connections) overtake each other.
+// Every model's network draws its latencies so.
+func Latency(r *rand.Rand) time.Duration {
 	d := time.Duration(r.Int64N(int64(2 * time.Millisecond)))
 	if r.IntN(20) == 0 {
 		d += time.Duration(r.Int64N(int64(20 * time.Millisecond)))
@@ -215,7 +216,7 @@ func (c *Conn) draw(op, key string) plan {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	r := c.stream(op, key)
-	p := plan{out: latency(r), back: latency(r)}
+	p := plan{out: Latency(r), back: Latency(r)}
 	x := r.IntN(1000) // drawn whether or not faults are on
 	if !c.n.faultsOn() {
 		return p
@@ -252,7 +253,7 @@ func (c *Conn) wakeDelay(key string) time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	r := c.stream("wake-up", key)
-	d := latency(r)
+	d := Latency(r)
 	if x := r.IntN(20); x == 0 && c.n.faultsOn() {
 		d += c.n.ttl/4 + time.Duration(r.Int64N(int64(c.n.ttl)))
 		c.n.log("client %d wake-up %q: delayed %v", c.id, key, d)
