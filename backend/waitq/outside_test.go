@@ -355,8 +355,10 @@ func (p *place) Leave(ctx context.Context, l waitq.Leaving) error {
 // and a record goes with its handover, its grant, or Leave.
 func (p *place) Stop(bool, *backend.Handover) {}
 
+// TestOutsideConformance runs the suite on the outside-style store, in
+// virtual time (it is all in this process).
 func TestOutsideConformance(t *testing.T) {
-	conformance.Run(t, func(t *testing.T) conformance.Harness { return newStore() })
+	conformance.Run(t, func(t *testing.T) conformance.Harness { return newStore() }, conformance.VirtualTime())
 }
 
 // TestOutsideHandoverInOrder: three waiters of separate clients, queued in
