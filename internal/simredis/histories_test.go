@@ -181,8 +181,8 @@ var histories = []history{
 	// a later one.
 	//
 	// To show it the simulation needs: one client holding more than 64
-	// auto-renewed leases at once (65+ distinct keys: the workload has 1-3
-	// keys today), their renewals hanging (store paused, or the client
+	// auto-renewed leases at once (65+ distinct keys: the workload's
+	// hoard of 70, in one run of four), their renewals hanging (store paused, or the client
 	// partitioned, with request timeouts past the leases' deadlines: the
 	// renewal's context is the lease's deadline), and a lease of the same
 	// client, auto-renew off or already failing, whose deadline falls due
@@ -299,12 +299,10 @@ var histories = []history{
 	// overtaking the acquire (reordering across connections: the release
 	// goes on another connection or a later pipeline; a delayed acquire
 	// request); the acquire then takes a free key for a token nobody
-	// will release, and the key stays held a whole TTL. The leftover
-	// checks see it only when it happens within a TTL of them (the calm
-	// phase has latency only; with reordering in it, it happened there
-	// with no faults originally); a check per cleanup (the store must
-	// never hold the lock for a token after that token's cleanup release
-	// ended) would see every case. Caught on a real server by redis
+	// will release, and the key stays held a whole TTL. The calm phase
+	// gives acquires up after 0 to 3 ms on keys of their own with a TTL
+	// of 20 TTLs (latency only, as originally: no faults), so that a lock
+	// one of them left is still there for the leftover check. Caught on a real server by redis
 	// TestCancelledAcquiresLeaveNothing (checked: 46 locks left after
 	// 19,314 cancelled acquires).
 	{
@@ -337,12 +335,11 @@ var histories = []history{
 	// store acted with the connection broken, so that go-redis sends it
 	// again on a new connection (or any duplicate of a release request):
 	// Release returns ErrLost and the lease's Err says lost, though the
-	// store held the lock for it until the release. No safety checker
-	// sees that today (the lease ends at its release, before its
-	// deadline): the simulation needs a check that a Release reporting
-	// ErrLost (or a lease reported lost before its deadline) matches a
-	// store that no longer held the lock for the token when the release
-	// first arrived; the want text below is the one proposed for it.
+	// store held the lock for it until the release. No overlap shows
+	// it (the lease ends at its release, before its deadline); the
+	// simulation's check of releases does: a Release of a valid lease
+	// answered "not held" before its deadline is a false report, or a
+	// store that freed the lock early.
 	// Caught on a real server by redis TestRetriedReleaseSucceeds (checked).
 	{
 		name:  "X7 retried release",
