@@ -77,6 +77,9 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 		if local.err != nil {
 			return nil, local.err
 		}
+		if local.epoch != c.cfg.epoch || local.epochSet != c.cfg.epochSet {
+			return nil, invalid(ErrInvalidOption, "%s %q: WithFenceEpoch is a Client option (give it to lock.New): every lease of a Client takes its fences under one epoch", op, key)
+		}
 		if err := c.checkTTL(&local); err != nil {
 			return nil, err
 		}

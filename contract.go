@@ -13,7 +13,8 @@ import (
 // nothing), and the TTL the store enforces is at least the TTL asked for
 // (0 stands for exactly that): the lease's deadline is counted from the
 // asked TTL, and a store that expires the lock earlier could give it to
-// another owner while this one is still valid. It returns an error
+// another owner while this one is still valid. Under a fence epoch, the
+// fence must also fit below it (WithFenceEpoch). It returns an error
 // wrapping ErrBackendContract that names the backend and the rule, or nil.
 //
 // The caller treats a broken grant as one of unknown outcome: the store
@@ -24,6 +25,8 @@ func (c *Client) brokenGrant(what string, fence uint64, granted, asked time.Dura
 	switch {
 	case fence == 0:
 		return fmt.Errorf("%w: %T reported %s with fence 0; a fence must be greater than 0 (a grant is never empty)", ErrBackendContract, c.b, what)
+	case !c.cfg.fits(fence):
+		return fmt.Errorf("%w: %T reported %s with fence %d, which does not fit under a fence epoch (WithFenceEpoch): a store's fence must be below 2^%d", ErrBackendContract, c.b, what, fence, FenceEpochShift)
 	case granted != 0 && granted < asked:
 		return fmt.Errorf("%w: %T reported %s for %v, shorter than the %v asked for; the store must keep a lock at least the TTL asked for", ErrBackendContract, c.b, what, granted, asked)
 	}

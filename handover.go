@@ -142,7 +142,9 @@ func (l *Lease) transferToNext(ctx context.Context) (done, moved bool, err error
 	left := l.v.remaining(l.clock.Now())
 	l.unlock()
 	sameClock := l.sched == c.sched && w.cfg.clockID == c.cfg.clockID
-	if reserved > 0 && sameClock && left >= ttl/handoverMargin && left >= w.cfg.ttl/handoverMargin {
+	// A reserved fence that does not fit under the fence epoch takes the
+	// plain path, whose transfer the contract check refuses.
+	if reserved > 0 && c.cfg.fits(reserved) && sameClock && left >= ttl/handoverMargin && left >= w.cfg.ttl/handoverMargin {
 		next := c.newHandedLease(l.key, w.token, w.cfg, reserved, deadline, l.turn.handOn()) // the turn goes with the lock
 		// Start the transfer before waking the next holder: the
 		// goroutine woken last runs first, and that should be the

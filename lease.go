@@ -138,8 +138,9 @@ func (l *Lease) Token() string { return l.token }
 // holders of the key. Send it with every write to the protected resource and
 // have the resource reject a fence lower than the highest it has accepted;
 // that keeps a paused or partitioned former holder from doing damage after
-// its lease ran out.
-func (l *Lease) Fence() uint64 { return l.fence }
+// its lease ran out. Under a fence epoch (WithFenceEpoch) the epoch sits in
+// its top bits, above the store's fence.
+func (l *Lease) Fence() uint64 { return l.c.cfg.fence(l.fence) }
 
 // TTL returns the lease's time to live: the TTL it asks the store for when
 // it renews, shorter than the one asked for at acquisition only if the

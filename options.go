@@ -32,7 +32,9 @@ type config struct {
 	minBackoff time.Duration
 	maxBackoff time.Duration
 	clock      clock.Clock
-	clockID    int   // counts WithClock options applied, to tell a call's own clock
+	clockID    int // counts WithClock options applied, to tell a call's own clock
+	epoch      uint64
+	epochSet   bool  // WithFenceEpoch was given (a Client option only)
 	err        error // the first invalid option
 }
 
@@ -138,6 +140,50 @@ func WithBackoff(min, max time.Duration) Option {
 		c.minBackoff, c.maxBackoff = min, max
 	}
 }
+
+// FenceEpochShift and MaxFenceEpoch place a fence epoch (WithFenceEpoch)
+// in the top bits of a fence: a lease's Fence is epoch<<FenceEpochShift |
+// the store's fence. With MaxFenceEpoch at 127 every such fence stays below
+// 2^63, so a resource can keep it in a signed 64-bit column (fence.Table's
+// BIGINT) as well as in a uint64.
+const (
+	FenceEpochShift = 56
+	MaxFenceEpoch   = 127
+)
+
+// WithFenceEpoch sets the Client's fence epoch, for moving a running
+// deployment from one store to another (README, "Migrating between
+// backends"): fences of two stores do not bound each other (a Redis key's
+// counter may be at 10^8 while etcd's revision is at 10^3), so each phase
+// of the move that takes its fences from another store uses a higher
+// epoch. A lease's Fence is then epoch<<FenceEpochShift | the store's
+// fence: every fence of a later epoch is greater than every fence of an
+// earlier one, whatever the stores' own values, and within an epoch fences
+// keep the store's order.
+//
+// A store fence of 2^FenceEpochShift or more cannot be placed under an
+// epoch: with WithFenceEpoch, a grant with one is refused as a broken
+// contract (ErrBackendContract; its token is released). Every Client of a
+// deployment that moves between stores sets an epoch, 0 on the first store
+// included, so that no fence above 2^56 slips through unchecked. It is a
+// Client option (lock.New): given to an Acquire, it is refused. Valid: 0 to
+// MaxFenceEpoch.
+func WithFenceEpoch(epoch uint64) Option {
+	return func(c *config) {
+		if epoch > MaxFenceEpoch {
+			c.fail("WithFenceEpoch(%d): an epoch must be at most %d (MaxFenceEpoch), so that fences stay below 2^63", epoch, MaxFenceEpoch)
+			return
+		}
+		c.epoch, c.epochSet = epoch, true
+	}
+}
+
+// fence returns the fence a lease reports for the store's fence f: f under
+// the epoch, when the Client has one.
+func (c *config) fence(f uint64) uint64 { return c.epoch<<FenceEpochShift | f }
+
+// fits reports whether the store's fence f can be placed under the epoch.
+func (c *config) fits(f uint64) bool { return !c.epochSet || f < 1<<FenceEpochShift }
 
 // WithClock sets the clock used for validity deadlines, renewals and waits.
 // Tests pass a *clock.Fake (often the same one given to the memory backend)

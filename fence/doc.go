@@ -24,8 +24,14 @@
 //   - resource: the name of what is protected, 1 to MaxNameLen bytes of
 //     UTF-8. Guard each resource with the fences of one lock key on one
 //     backend: fences of different keys (on Redis) or of different backends
-//     are not comparable.
-//   - fence: Lease.Fence, 1 or more.
+//     are not comparable, unless the Clients set fence epochs
+//     (lock.WithFenceEpoch) while a deployment moves from one store to
+//     another: every fence of a later epoch is then above every fence of an
+//     earlier one.
+//   - fence: Lease.Fence, 1 or more. Store it whole, in 64 bits: an
+//     unsigned integer, or a signed one (a BIGINT column, as Table keeps),
+//     which holds every fence under an epoch (below 2^63); never cut it to
+//     32 bits or to a float, which would merge or reorder fences.
 //   - holder: who offers the fence, 1 to MaxNameLen bytes. Pass
 //     Lease.Token, which is unique to each acquisition, or an id of your
 //     own that no other lease uses. It tells a lease writing twice from

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/distlock/lock"
 	"github.com/distlock/lock/fence"
 )
 
@@ -36,6 +37,13 @@ var Steps = []Step{
 	{"the first resource is unchanged by it", "r1", 2, "c", `fence: stale fence 2 for "r1": fence 6 was already accepted`},
 	{"the second resource refuses on its own", "r2", 1, "d", `fence: stale fence 1 for "r2": fence 1 was already accepted from another holder`},
 	{"a large fence", "r2", math.MaxInt64, "d", ""},
+	// Fence epochs (lock.WithFenceEpoch) while a deployment moves between
+	// stores: a later epoch's fence is above every fence of an earlier
+	// one, however far ahead the old store's counter was.
+	{"epoch 0: the old store's fence far ahead", "epochs", 1_000_000_000_000_001, "e", ""},
+	{"epoch 1 above every fence of epoch 0", "epochs", 1<<lock.FenceEpochShift | 1, "f", ""},
+	{"epoch 0 refused after epoch 1", "epochs", 1_000_000_000_000_002, "e", `fence: stale fence 1000000000000002 for "epochs": fence 72057594037927937 was already accepted`},
+	{"the highest epoch fits a signed 64-bit column", "epochs", lock.MaxFenceEpoch<<lock.FenceEpochShift | 5, "g", ""},
 }
 
 // Check compares the outcome of one offer with what its Step wants.
