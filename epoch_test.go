@@ -62,6 +62,9 @@ func TestFenceEpochOrdersStores(t *testing.T) {
 	if err != nil || b.Fence() != 1<<lock.FenceEpochShift|1 {
 		t.Fatalf("epoch 1: fence %d, write %v; want 1<<56 | 1, accepted above every fence of epoch 0", b.Fence(), err)
 	}
+	if b.StoreFence() != 1 {
+		t.Errorf("StoreFence under epoch 1: %d; want the store's own fence, 1", b.StoreFence())
+	}
 	if _, err := write(old); !errors.Is(err, fence.ErrStale) {
 		t.Fatalf("epoch 0 after epoch 1: write %v; want fence.ErrStale", err)
 	}

@@ -142,6 +142,12 @@ func (l *Lease) Token() string { return l.token }
 // its top bits, above the store's fence.
 func (l *Lease) Fence() uint64 { return l.c.cfg.fence(l.fence) }
 
+// StoreFence returns the fence as the store granted it, without the fence
+// epoch (WithFenceEpoch); it equals Fence when the Client has no epoch.
+// Give resources Fence. StoreFence is for guards that check the lease in
+// the store itself, against the store's own value (a revision, an index).
+func (l *Lease) StoreFence() uint64 { return l.fence }
+
 // TTL returns the lease's time to live: the TTL it asks the store for when
 // it renews, shorter than the one asked for at acquisition only if the
 // store said it keeps the lock a shorter time.

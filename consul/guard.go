@@ -19,7 +19,7 @@ const guardOps = 2
 // store, that l still holds its lock: that the lock's entry is still locked
 // by the session this backend acquired it with (check-session), and that
 // the entry is still the one l's acquisition wrote (check-index against
-// l.Fence(), the entry's ModifyIndex at the grant: renewals do not write
+// l.StoreFence(), the entry's ModifyIndex at the grant: renewals do not write
 // the entry, and every acquisition, even one on a reused session, writes it
 // at a new index). Consul applies the checks and ops atomically, in one
 // Raft write: either l held the lock when ops were applied, or nothing was
@@ -95,7 +95,7 @@ type held struct {
 
 // heldBy returns what this backend knows of l's lock.
 func (b *Backend) heldBy(l *lock.Lease) (held, error) {
-	key, token, fence := l.Key(), l.Token(), l.Fence()
+	key, token, fence := l.Key(), l.Token(), l.StoreFence()
 	if token == "" || fence == 0 {
 		return held{}, fmt.Errorf("%w: consul: TxnIfHeld %q: the lease has no token or fence: it was not granted by a lock.Client", backend.ErrInvalid, key)
 	}

@@ -50,7 +50,7 @@ func (b *Backend) TxnIfHeld(ctx context.Context, l *lock.Lease, ops ...clientv3.
 	lk := b.lockKeyOf(l.Key())
 	resp, err := b.cli.Txn(ctx).If(
 		clientv3.Compare(clientv3.Value(lk), "=", l.Token()),
-		clientv3.Compare(clientv3.ModRevision(lk), "=", int64(l.Fence())),
+		clientv3.Compare(clientv3.ModRevision(lk), "=", int64(l.StoreFence())),
 	).Then(ops...).Commit()
 	if err != nil {
 		return nil, b.storeErr(ctx, "txn if held", err)
