@@ -73,7 +73,7 @@ type Config struct {
 	// auto-renewed, on keys of its own, while the faults last: more than
 	// package lock renews at once, so that hanging renewals queue up while
 	// the client's other leases reach their deadlines (default: drawn,
-	// 70 in one run of four, none otherwise; negative: none).
+	// 70 in one run of three, none otherwise; negative: none).
 	Hoard int
 	// Model is the store and network of the run (default: the memory
 	// model, NewMemory(Wrap)).
@@ -89,6 +89,12 @@ type Config struct {
 // workers, keys) is drawn from the seed.
 func (c *Config) defaults(r *rand.Rand) {
 	clients, workers, keys := 2+r.IntN(3), 1+r.IntN(4), 1+r.IntN(3)
+	if r.IntN(2) == 0 {
+		// Half the runs on one key, with two to four goroutines per
+		// client: handovers and transfers between them, where the
+		// subtlest histories were.
+		keys, workers = 1, 2+r.IntN(3)
+	}
 	if c.Clients <= 0 {
 		c.Clients = clients
 	}
@@ -104,7 +110,7 @@ func (c *Config) defaults(r *rand.Rand) {
 	if c.Faulty <= 0 {
 		c.Faulty = 30 * c.TTL
 	}
-	if hoard := r.IntN(4) == 0; c.Hoard == 0 && hoard {
+	if hoard := r.IntN(3) == 0; c.Hoard == 0 && hoard {
 		c.Hoard = 70
 	}
 }
