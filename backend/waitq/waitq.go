@@ -243,6 +243,7 @@ type Place struct {
 	ttl       time.Duration
 	cur       string    // the token in the record
 	pending   string    // the token of an attempt on its way
+	unknown   string    // the first attempt's token, when its outcome was unknown (see apply): for Leave only
 	queued    bool      // the record may exist
 	refreshed time.Time // send time of the carrier's latest confirmed refresh
 	handed    *backend.Handover
@@ -410,8 +411,13 @@ func (p *Place) apply(token string, res Result, err error) (backend.Grant, error
 			// record, with its token, and the place had no token of
 			// its own before. Leave must know it, or a record put by
 			// an attempt whose reply never came stays for its TTL,
-			// first in the queue, with no waiter behind it.
-			p.cur = token
+			// first in the queue, with no waiter behind it. Only
+			// Leave: the token is not the record's (p.cur), whose
+			// carrier's refresh p.refreshed confirms. A handover to
+			// it, reported late, must still be refused (see
+			// Handoff): counted from a later attempt's refresh, its
+			// deadline would pass the store's expiry.
+			p.unknown = token
 		}
 		return backend.Grant{}, err
 	case !res.Queued:
@@ -540,6 +546,9 @@ func (p *Place) Close(took bool) error {
 	p.closed = true
 	p.stopLocked()
 	l := Leaving{Token: p.cur, Queued: p.queued, Handed: p.handed}
+	if l.Token == "" {
+		l.Token = p.unknown // an attempt of unknown outcome may have put the record
+	}
 	if l.Handed == nil {
 		l.Handed = p.early // the store may have handed it the lock
 	}

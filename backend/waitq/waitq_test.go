@@ -451,3 +451,41 @@ func TestUnknownFirstAttemptIsLeft(t *testing.T) {
 		t.Errorf("Leave(%+v); want token %s, Queued: the attempt may have put the record", l, tokA)
 	}
 }
+
+// TestLateHandoverToUnknownAttemptRefused: a handover reported late to the
+// token of a first attempt of unknown outcome is refused, also while the
+// next attempt is on its way: that token is not the record's, no refresh
+// of the place bounds the lock handed to it, and counted from the next
+// attempt's refresh its deadline would pass the store's expiry (found by
+// the Redis simulation: two valid leases).
+func TestLateHandoverToUnknownAttemptRefused(t *testing.T) {
+	inFlight, release := make(chan struct{}), make(chan struct{})
+	f := &fakeStore{
+		attempt: func(n int, a Attempt) (Result, error) {
+			if n == 1 {
+				return Result{Queued: true}, context.DeadlineExceeded
+			}
+			close(inFlight)
+			<-release
+			return queued(time.Now())
+		},
+	}
+	_, p := newPlace(t, f)
+	if _, err := p.Acquire(context.Background(), tokA, long); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("first Acquire: %v; want its error", err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		_, err := p.Acquire(context.Background(), tokB, long)
+		got <- err
+	}()
+	receive(t, inFlight, "the second attempt on its way")
+	if p.Handoff(tokA, backend.Grant{Fence: 7}) {
+		t.Error("a late handover to the unknown first attempt's token was taken")
+	}
+	close(release)
+	wantLocked(t, receive(t, got, "the second attempt"))
+	if h, ok := p.Handed(); ok {
+		t.Errorf("Handed: %+v; want none", h)
+	}
+}
