@@ -50,12 +50,10 @@ func TestSimFindsHistories(t *testing.T) {
 			if b := simtest.Budget(0); b > 0 {
 				budget = b // -simseeds
 			}
-			// Up to three times the CI budget, as for the negative
-			// controls of internal/simtest: the seeds a history takes
-			// vary from run to run (X2 took 30, 31, and once more than
-			// 100), and the margin keeps the test from failing by
-			// chance; the table says how many it took.
-			budget *= 3
+			// Within the CI budget: the seeds a history takes vary a
+			// lot from run to run (X3 took 36, 50, 85 and 159), and the
+			// budget is set for the slowest; the table says how many
+			// each took.
 			bin := b.Binary(t, h.flaw)
 			start := time.Now()
 			cmd := exec.Command(bin, "-test.run=^"+test+"$", "-test.count=1", "-test.v", "-test.timeout=20m",
@@ -66,7 +64,7 @@ func TestSimFindsHistories(t *testing.T) {
 			if m == nil {
 				t.Fatalf("not found by %s in %d seeds (want a violation with %q; the child: %v):\n%s", test, budget, h.want, err, tail(out, 40))
 			}
-			line := fmt.Sprintf("%-50s %-14s seeds to the first failure: %4s (CI budget %d, allowed %d; seed %s, %v)", h.name, test, m[1], budget/3, budget, m[2], time.Since(start).Round(time.Second))
+			line := fmt.Sprintf("%-50s %-14s seeds to the first failure: %4s of %d (seed %s, %v)", h.name, test, m[1], budget, m[2], time.Since(start).Round(time.Second))
 			table = append(table, line)
 			t.Log(line)
 			t.Logf("the violation: %.400s", m[3])
