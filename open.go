@@ -36,8 +36,18 @@ type Scheme struct {
 	// name contains pass, token, secret, auth or credential is hidden
 	// whether listed or not.
 	Secrets []string
-	// Open builds the backend.
+	// URLs lists the parameters of Params whose values are backend URLs
+	// themselves (a scheme built over other schemes, such as package
+	// migrate's): redaction applies to them, recursively, the rule it
+	// applies to the outer URL, so that only their secrets are hidden.
+	URLs []string
+	// Open builds the backend. Give it or OpenWithOptions, not both.
 	Open Opener
+	// OpenWithOptions builds the backend and returns, with it, client
+	// options that the URL implies (package migrate's phase implies a
+	// fence epoch, lock.WithFenceEpoch). Open applies them first, then
+	// the client's own URL parameters, then the caller's options.
+	OpenWithOptions func(ctx context.Context, u *url.URL) (backend.Backend, []Option, error)
 }
 
 // URLMux maps URL schemes to the backends that open them, for Open. Each
@@ -84,8 +94,8 @@ func RegisterScheme(s Scheme) { defaultMux.RegisterScheme(s) }
 func (m *URLMux) RegisterScheme(s Scheme) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if s.Name == "" || s.Open == nil {
-		panic("lock: Register needs a scheme and an opener")
+	if s.Name == "" || (s.Open == nil) == (s.OpenWithOptions == nil) {
+		panic("lock: Register needs a scheme and one opener (Open or OpenWithOptions)")
 	}
 	if _, dup := m.schemes[s.Name]; dup {
 		panic("lock: Register called twice for scheme " + s.Name)
@@ -98,6 +108,11 @@ func (m *URLMux) RegisterScheme(s Scheme) {
 	for _, p := range s.Secrets {
 		if !slices.Contains(s.Params, p) {
 			panic("lock: Register: secret " + p + " is not a parameter of scheme " + s.Name)
+		}
+	}
+	for _, p := range s.URLs {
+		if !slices.Contains(s.Params, p) {
+			panic("lock: Register: URL parameter " + p + " is not a parameter of scheme " + s.Name)
 		}
 	}
 	if m.schemes == nil {
@@ -121,6 +136,7 @@ func (m *URLMux) Scheme(name string) (Scheme, bool) {
 func cloneScheme(s Scheme) Scheme {
 	s.Params = slices.Clone(s.Params)
 	s.Secrets = slices.Clone(s.Secrets)
+	s.URLs = slices.Clone(s.URLs)
 	return s
 }
 
@@ -168,19 +184,50 @@ func (m *URLMux) Open(ctx context.Context, rawURL string, opts ...Option) (*Clie
 
 // open is Open; its errors may quote rawURL, Open redacts them.
 func (m *URLMux) open(ctx context.Context, rawURL string, opts []Option) (*Client, error) {
+	b, fromURL, err := m.openBackend(ctx, rawURL)
+	if err != nil {
+		return nil, err
+	}
+	c, err := New(b, append(fromURL, opts...)...)
+	if err != nil {
+		b.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// OpenBackend returns the backend rawURL names, as Open would build it,
+// and the client options that the URL sets (its ttl, drift, maxhold and
+// autorenew parameters, and what its scheme implies), without making a
+// Client: for a scheme built over others (package migrate opens its from
+// and to URLs with it), or to wrap the backend before lock.New. The
+// caller owns the backend. Errors are Open's, with rawURL redacted.
+func (m *URLMux) OpenBackend(ctx context.Context, rawURL string) (backend.Backend, []Option, error) {
+	if ctx == nil {
+		return nil, nil, invalid(ErrInvalid, "OpenBackend: nil context")
+	}
+	b, opts, err := m.openBackend(ctx, rawURL)
+	if err != nil {
+		return nil, nil, &openError{url: m.RedactURL(rawURL), err: err, msg: m.RedactText(strings.TrimPrefix(err.Error(), "lock: "), rawURL)}
+	}
+	return b, opts, nil
+}
+
+// openBackend is OpenBackend; its errors may quote rawURL.
+func (m *URLMux) openBackend(ctx context.Context, rawURL string) (backend.Backend, []Option, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		var ue *url.Error
 		if errors.As(err, &ue) {
 			err = ue.Err // url.Error quotes the whole URL; Open shows it redacted
 		}
-		return nil, invalid(ErrInvalid, "not a URL: %v; want SCHEME://ADDRESS with a registered scheme (%s)", err, strings.Join(m.Schemes(), ", "))
+		return nil, nil, invalid(ErrInvalid, "not a URL: %v; want SCHEME://ADDRESS with a registered scheme (%s)", err, strings.Join(m.Schemes(), ", "))
 	}
 	if u.Scheme == "" {
-		return nil, invalid(ErrInvalid, "no scheme; want SCHEME://ADDRESS with a registered scheme (%s)", strings.Join(m.Schemes(), ", "))
+		return nil, nil, invalid(ErrInvalid, "no scheme; want SCHEME://ADDRESS with a registered scheme (%s)", strings.Join(m.Schemes(), ", "))
 	}
 	if u.Fragment != "" || strings.Contains(rawURL, "#") {
-		return nil, invalid(ErrInvalid, "the URL has a fragment (#...), which no backend reads; escape a '#' in a value as %%23")
+		return nil, nil, invalid(ErrInvalid, "the URL has a fragment (#...), which no backend reads; escape a '#' in a value as %%23")
 	}
 	s, ok := m.Scheme(u.Scheme)
 	if !ok {
@@ -196,18 +243,18 @@ func (m *URLMux) open(ctx context.Context, rawURL string, opts []Option) (*Clien
 		default:
 			hint = "registered: " + strings.Join(known, ", ") + " (forgotten import?)"
 		}
-		return nil, fmt.Errorf("%w %q; %s", ErrUnknownScheme, u.Scheme, hint)
+		return nil, nil, fmt.Errorf("%w %q; %s", ErrUnknownScheme, u.Scheme, hint)
 	}
 	query, err := parseQuery(u.RawQuery, u.Scheme, s.Params)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var fromURL []Option
 	for _, name := range clientParams {
 		if v, ok := query[name]; ok {
 			o, err := parseClientParam(name, v[0])
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			fromURL = append(fromURL, o)
 			query.Del(name)
@@ -215,16 +262,18 @@ func (m *URLMux) open(ctx context.Context, rawURL string, opts []Option) (*Clien
 	}
 	bu := *u
 	bu.RawQuery = query.Encode()
+	if s.OpenWithOptions != nil {
+		b, implied, err := s.OpenWithOptions(ctx, &bu)
+		if err != nil {
+			return nil, nil, err
+		}
+		return b, append(implied, fromURL...), nil
+	}
 	b, err := s.Open(ctx, &bu)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	c, err := New(b, append(fromURL, opts...)...)
-	if err != nil {
-		b.Close()
-		return nil, err
-	}
-	return c, nil
+	return b, fromURL, nil
 }
 
 // parseQuery parses a URL's query strictly: each parameter is name=value

@@ -167,11 +167,16 @@ const (
 // deployment that moves between stores sets an epoch, 0 on the first store
 // included, so that no fence above 2^56 slips through unchecked. It is a
 // Client option (lock.New): given to an Acquire, it is refused. Valid: 0 to
-// MaxFenceEpoch.
+// MaxFenceEpoch, given once (or again with the same value): package
+// migrate's phases set it, and a different epoch beside them is an error.
 func WithFenceEpoch(epoch uint64) Option {
 	return func(c *config) {
 		if epoch > MaxFenceEpoch {
 			c.fail("WithFenceEpoch(%d): an epoch must be at most %d (MaxFenceEpoch), so that fences stay below 2^63", epoch, MaxFenceEpoch)
+			return
+		}
+		if c.epochSet && c.epoch != epoch {
+			c.fail("WithFenceEpoch(%d) after WithFenceEpoch(%d): a Client has one fence epoch; give one (a migrate URL's phase sets it too)", epoch, c.epoch)
 			return
 		}
 		c.epoch, c.epochSet = epoch, true

@@ -170,10 +170,46 @@ func (m *URLMux) redactParam(part, scheme string, hide func(string) string) stri
 	if err != nil {
 		return hide(part)
 	}
+	if hasValue && m.isURLParam(scheme, name) {
+		return rawName + "=" + m.redactNested(value, hide)
+	}
 	if !hasValue || !m.isSecretParam(scheme, name) {
 		return part
 	}
 	return rawName + "=" + hide(value) + emptyMark(value)
+}
+
+// redactNested redacts value, a query parameter's value that holds a
+// backend URL (Scheme.URLs), by the rule of the outer URL, recursively.
+// A value that does not decode is hidden whole. The outer text may hold
+// each inner secret escaped for a query, so hide learns those forms too.
+// The shown value escapes only what would end or change it in a query.
+func (m *URLMux) redactNested(value string, hide func(string) string) string {
+	inner, err := url.QueryUnescape(value)
+	if err != nil {
+		return hide(value) + emptyMark(value)
+	}
+	shown, secrets := m.redact(inner)
+	for _, sec := range secrets {
+		hide(sec)
+		if e := url.QueryEscape(sec); e != sec {
+			hide(e)
+		}
+	}
+	return nestedEscaper.Replace(shown)
+}
+
+// nestedEscaper escapes a shown inner URL for the outer query: '%' (so
+// that the inner URL's own escapes stay as written), the separators '&'
+// and ';', '#', '+' and the space.
+var nestedEscaper = strings.NewReplacer("%", "%25", "&", "%26", ";", "%3B", "#", "%23", "+", "%2B", " ", "%20")
+
+// isURLParam reports whether query parameter name holds a backend URL on
+// scheme, as registered in m (Scheme.URLs).
+func (m *URLMux) isURLParam(scheme, name string) bool {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return slices.Contains(m.schemes[scheme].URLs, name)
 }
 
 // emptyMark keeps an empty secret value visibly hidden.
