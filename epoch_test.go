@@ -3,6 +3,7 @@ package lock_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -106,6 +107,14 @@ func TestFenceEpochRefusesHugeFences(t *testing.T) {
 func TestFenceEpochOption(t *testing.T) {
 	if _, err := lock.New(memory.NewStore().NewClient(), lock.WithFenceEpoch(lock.MaxFenceEpoch+1)); !errors.Is(err, lock.ErrInvalidOption) {
 		t.Fatalf("epoch %d: %v; want ErrInvalidOption", lock.MaxFenceEpoch+1, err)
+	}
+	if _, err := lock.New(memory.NewStore().NewClient(), lock.WithFenceEpoch(1), lock.WithFenceEpoch(2)); !errors.Is(err, lock.ErrInvalidOption) || !strings.Contains(err.Error(), "one fence epoch") {
+		t.Fatalf("two epochs: %v; want ErrInvalidOption saying a Client has one", err)
+	}
+	if c, err := lock.New(memory.NewStore().NewClient(), lock.WithFenceEpoch(2), lock.WithFenceEpoch(2)); err != nil {
+		t.Fatalf("one epoch given twice: %v; want it accepted", err)
+	} else {
+		c.Close()
 	}
 	c, err := lock.New(memory.NewStore().NewClient(), lock.WithFenceEpoch(lock.MaxFenceEpoch))
 	if err != nil {
