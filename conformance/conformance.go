@@ -101,6 +101,9 @@
 // Proxy.Heal). The suite uses Pauser only where the harness has no
 // Disconnecter, and calls Restart with keepData true only.
 //
+// A harness whose backends need client options (a fence epoch, for a
+// backend of package migrate) gives them through ClientOptioner.
+//
 // # Randomized fault runs
 //
 // RunFaults makes seeded runs in which contenders take and release locks
@@ -139,6 +142,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/distlock/lock"
 	"github.com/distlock/lock/backend"
 	"github.com/distlock/lock/fence"
 )
@@ -220,6 +224,15 @@ type Restarter interface {
 // driver: the harness brings its own.
 type SQLResourcer interface {
 	SQLResource(t *testing.T) (db *sql.DB, dialect fence.Dialect)
+}
+
+// ClientOptioner is an optional Harness hook: client options for lock.New
+// over a backend the harness returned from NewBackend (b), such as the
+// fence epoch of a backend that takes part in a move between stores
+// (lock.WithFenceEpoch, package migrate). The suite adds its own options
+// after them.
+type ClientOptioner interface {
+	ClientOptions(b backend.Backend) []lock.Option
 }
 
 // Option configures a run of the suite.

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -188,10 +189,45 @@ type faultResult struct {
 	lost       int
 	errs       int
 	helpers    int // helper processes whose reports were merged
+	// epochRefused counts writes of valid leases that a fenced resource
+	// refused because it had accepted a fence of a newer epoch (see
+	// olderEpoch): expected while a move between stores changes epochs.
+	epochRefused int
+}
+
+// epochWrites keeps, per key, the newest fence epoch a fenced resource of
+// the run accepted, to tell a refusal for an older epoch (see olderEpoch)
+// from a refusal of a valid lease.
+type epochWrites struct {
+	mu      sync.Mutex
+	newest  map[string]uint64
+	refused atomic.Int64
+}
+
+func (e *epochWrites) accepted(key string, f uint64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.newest[key] = max(e.newest[key], f>>lock.FenceEpochShift)
+}
+
+// refusedForEpoch reports, for a refused write with fence f, whether a
+// fence of a newer epoch was accepted for key before; it counts it.
+func (e *epochWrites) refusedForEpoch(key string, f uint64) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if f>>lock.FenceEpochShift < e.newest[key] {
+		e.refused.Add(1)
+		return true
+	}
+	return false
 }
 
 func (r *faultResult) summary() string {
-	return fmt.Sprintf("%d helper processes, %d sections, %d leases lost, %d acquires or releases returned errors (releases of lost leases included), %d faults [%s], %d violations", r.helpers, r.sections, r.lost, r.errs, len(r.faults), strings.Join(r.faults, "; "), len(r.violations))
+	epochs := ""
+	if r.epochRefused > 0 {
+		epochs = fmt.Sprintf(", %d writes of valid leases refused for a fence of an older epoch", r.epochRefused)
+	}
+	return fmt.Sprintf("%d helper processes, %d sections, %d leases lost, %d acquires or releases returned errors (releases of lost leases included)%s, %d faults [%s], %d violations", r.helpers, r.sections, r.lost, r.errs, epochs, len(r.faults), strings.Join(r.faults, "; "), len(r.violations))
 }
 
 func (r *faultResult) save(t *testing.T, seed uint64) string {
@@ -252,6 +288,8 @@ func (s *suite) faultRun(t *testing.T, seed uint64, o faultOptions) *faultResult
 		sqlRes = newSQLResource(t, sr)
 	}
 	intervals := map[string][]interval{}
+	epochs := &epochWrites{newest: map[string]uint64{}}
+	defer func() { res.epochRefused = int(epochs.refused.Load()) }()
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 
@@ -281,7 +319,10 @@ func (s *suite) faultRun(t *testing.T, seed uint64, o faultOptions) *faultResult
 		ct := &contender{client: i, c: c, keys: keys, ttl: ttl, rec: rec, rng: crng,
 			write: func(key string, l *lock.Lease) {
 				err := guard.Do(key, l.Fence(), l.Token(), func() error { return nil })
-				if errors.Is(err, fence.ErrStale) && time.Now().Before(l.Deadline()) && l.Err() == nil {
+				if err == nil {
+					epochs.accepted(key, l.Fence())
+				}
+				if errors.Is(err, fence.ErrStale) && time.Now().Before(l.Deadline()) && l.Err() == nil && !epochs.refusedForEpoch(key, l.Fence()) {
 					violate("client %d: a fenced resource refused fence %d of a lease of %q that is still valid: a holder with a higher fence wrote while this lease was valid (two valid leases at once), or fences went backwards (%v)", i, l.Fence(), key, err)
 				}
 				if sqlRes == nil {
@@ -290,7 +331,7 @@ func (s *suite) faultRun(t *testing.T, seed uint64, o faultOptions) *faultResult
 				err = sqlRes.write(key, l.Fence(), l.Token())
 				switch {
 				case errors.Is(err, fence.ErrStale):
-					if time.Now().Before(l.Deadline()) && l.Err() == nil {
+					if time.Now().Before(l.Deadline()) && l.Err() == nil && !epochs.refusedForEpoch(key, l.Fence()) {
 						violate("client %d: the SQL fenced resource refused fence %d of a lease of %q that is still valid (%v)", i, l.Fence(), key, err)
 					}
 				case err != nil:

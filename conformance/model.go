@@ -101,6 +101,18 @@ func classify(err error) result {
 	}
 }
 
+// olderEpoch reports whether fence f is of an older fence epoch
+// (lock.WithFenceEpoch) than last. While a deployment moves between
+// stores (package migrate), instances of the phase before the fence epoch
+// changes still take fences of the older epoch beside those of the phase
+// after it: a grant may then come with a fence below one granted before.
+// It is a grant all the same (the store excluded every other holder); a
+// fenced resource that saw the newer epoch refuses its writes, which the
+// fault runs count apart (refusedForEpoch). Fences of one epoch must grow.
+func olderEpoch(f, last uint64) bool {
+	return f>>lock.FenceEpochShift < last>>lock.FenceEpochShift
+}
+
 func step(s modelState, in modelInput, out modelOutput) []modelState {
 	mayHaveExpired := s.holder != "" && out.ret >= s.expiry
 	switch in.kind {
@@ -108,8 +120,14 @@ func step(s modelState, in modelInput, out modelOutput) []modelState {
 		took := modelState{holder: in.owner, lastFence: s.lastFence, expiry: in.call - in.back + in.ttl}
 		switch out.res {
 		case resOK:
-			if out.fence <= s.lastFence || (s.holder != "" && !mayHaveExpired) {
+			if s.holder != "" && !mayHaveExpired {
 				return nil
+			}
+			if out.fence <= s.lastFence {
+				if !olderEpoch(out.fence, s.lastFence) {
+					return nil
+				}
+				return []modelState{took} // see olderEpoch
 			}
 			took.lastFence = out.fence
 			return []modelState{took}

@@ -68,6 +68,22 @@ func TestLeaseModel(t *testing.T) {
 			op(opRelease, "a", 2, -1, resUnknown, 0),
 			op(opAcquire, "b", 10, 11, resOK, 2),
 		}},
+		{"a grant of an older fence epoch after a newer one (a move between stores)", true, []porcupine.Operation{
+			op(opAcquire, "a", 0, 1, resOK, 1<<56|3),
+			op(opRelease, "a", 2, 3, resOK, 0),
+			op(opAcquire, "b", 4, 5, resOK, 900),
+			op(opRelease, "b", 6, 7, resOK, 0),
+			op(opAcquire, "c", 8, 9, resOK, 1<<56|4),
+		}},
+		{"a lower fence of the same epoch", false, []porcupine.Operation{
+			op(opAcquire, "a", 0, 1, resOK, 1<<56|3),
+			op(opRelease, "a", 2, 3, resOK, 0),
+			op(opAcquire, "b", 4, 5, resOK, 1<<56|2),
+		}},
+		{"a grant of an older epoch while the newer holder is valid", false, []porcupine.Operation{
+			op(opAcquire, "a", 0, 1, resOK, 1<<56|3),
+			op(opAcquire, "b", 10, 11, resOK, 900),
+		}},
 		{"concurrent acquires, one winner", true, []porcupine.Operation{
 			op(opAcquire, "a", 0, 5, resOK, 1),
 			op(opAcquire, "b", 0, 5, resLocked, 0),

@@ -109,6 +109,9 @@ func (s *suite) client(t *testing.T, opts ...lock.Option) *lock.Client {
 
 func (s *suite) clientOver(t *testing.T, b backend.Backend, opts ...lock.Option) *lock.Client {
 	t.Helper()
+	if co, ok := s.h.(ClientOptioner); ok {
+		opts = append(co.ClientOptions(unguarded(b)), opts...)
+	}
 	c, err := lock.New(b, opts...)
 	if err != nil {
 		b.Close()
