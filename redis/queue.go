@@ -175,6 +175,10 @@ return {-p, first}`)
 	// lives and whose token is not dead (see above), publishing
 	// "h:ID:FENCE:TOKEN" on that place's channel; or deletes it
 	// (publishing the token on the key's channel when a waiter marked it).
+	// A handover marks the new holder's lock when others still queue, or
+	// when the released lock was marked: a waiter outside the queue (a
+	// plain Acquire and a Watch, as package migrate's backends wait)
+	// marked it, and it must hear the next release.
 	queueReleaseScript = goredis.NewScript(`
 if ARGV[5] ~= '' then
   redis.call('ZREM', KEYS[4], ARGV[5])
@@ -197,7 +201,7 @@ if v == ARGV[1] or v == ARGV[1] .. '+' then
       local t = string.sub(rv, 1, sp - 1)
       if redis.call('EXISTS', ARGV[6] .. t) == 0 then
         local val = t
-        if hs[2] then val = t .. '+' end
+        if hs[2] or v ~= ARGV[1] then val = t .. '+' end
         redis.call('SET', KEYS[1], val, 'PX', p)
         redis.call('DEL', r)
         local f

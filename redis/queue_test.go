@@ -355,3 +355,48 @@ func TestQueueRefusesASecondTTL(t *testing.T) {
 		t.Fatalf("handed to %s; want the first attempt's token %s", h.Token, w.Token)
 	}
 }
+
+// TestHandoverKeepsAPlainWaitersMark: a waiter outside the queue (a plain
+// Acquire that found the key held, then a Watch: package migrate's
+// backends wait that way beside the queue) marks the lock; a release that
+// hands the lock to a queued waiter carries the mark over, so that the
+// new holder's release wakes the plain waiter. Without it, the plain
+// waiter slept until the timer of its last refusal, a whole TTL.
+func TestHandoverKeepsAPlainWaitersMark(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	ctx := context.Background()
+	holder := redis.New(newGoRedis(t, srv.Addr))
+	defer holder.Close()
+	tok := holdKey(ctx, t, holder, "k")
+	plain := redis.New(newGoRedis(t, srv.Addr))
+	defer plain.Close()
+	w, err := plain.Watch(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close(false)
+	if _, err := plain.Acquire(ctx, "k", newQueueToken(), queueTTL); !errors.Is(err, backend.ErrLocked) {
+		t.Fatalf("plain Acquire of a held key: %v; want ErrLocked", err)
+	}
+	queued := redis.New(newGoRedis(t, srv.Addr))
+	defer queued.Close()
+	q := queueUpOn(ctx, t, queued, "k")
+	if err := holder.Release(ctx, "k", tok); err != nil {
+		t.Fatal(err)
+	}
+	h := q.Handed(t, "the queued waiter")
+	select { // a wake-up at the handover is allowed (spurious), not needed
+	case <-w.C():
+	default:
+	}
+	if err := queued.Release(ctx, "k", h.Token); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, queueTTL/2)
+	defer cancel()
+	select {
+	case <-w.C():
+	case <-wctx.Done():
+		t.Fatalf("the plain waiter was not woken by the release of the lock handed over past it (%v)", wctx.Err())
+	}
+}
