@@ -19,6 +19,7 @@ type flags struct {
 	*flag.FlagSet
 	cmd      string
 	synopsis string // the command line after "lockctl CMD"
+	about    string // what --help says before the flags, if anything: lines of lockctl's own text
 }
 
 func newFlags(cmd, synopsis string) *flags {
@@ -88,7 +89,11 @@ func (e *environment) parse(f *flags, args []string) (code int, ok bool) {
 		return exitOK, true
 	}
 	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintf(e.stdout, "usage: lockctl %s %s\nflags:\n", f.cmd, f.synopsis)
+		fmt.Fprintf(e.stdout, "usage: lockctl %s %s\n", f.cmd, f.synopsis)
+		if f.about != "" {
+			fmt.Fprint(e.stdout, strings.TrimRight(f.about, "\n")+"\n")
+		}
+		fmt.Fprint(e.stdout, "flags:\n")
 		f.VisitAll(func(fl *flag.Flag) {
 			kind, usage := flag.UnquoteUsage(fl)
 			if _, ok := fl.Value.(durationValue); ok {

@@ -7,10 +7,12 @@
 //	lockctl status nightly-report
 //	lockctl bench
 //	lockctl init-nodes --backend-file /run/secrets/lock-url  # once, new Redlock deployment
+//	lockctl migrate check --keys-file keys.txt     # LOCK_BACKEND=migrate://?from=...&to=...&phase=2
 //
 // The backend is a URL; every scheme of this module is registered (mem,
 // redis, rediss, unix, redlock, redis+cluster, redis+sentinel, consul,
-// etcd and their TLS forms; "lockctl help" lists them). Every command that
+// etcd and their TLS forms, and migrate, a move between two stores;
+// "lockctl help" lists them). Every command that
 // takes a backend takes it, in this order, from:
 //
 //   - --backend URL: on the command line, which every local user can read
@@ -44,9 +46,18 @@
 // (lock.MaxTTL), and run's --grace at most half the TTL asked for (--ttl,
 // else the URL's ttl, else 10s).
 //
+// A migrate:// URL (package migrate) names two stores and a phase of a
+// move between them. In phases 2 and 3, which hold each lock on both
+// stores, lockctl status shows the holder on each store. lockctl migrate
+// check reads keys, given as arguments or in a file, on both stores (in
+// every phase) and says whether each is clear for the deployment to start
+// the next phase: whether no holder is left on a store that phase drops.
+// The stores cannot list their keys, so the keys must be named.
+//
 // Exit status: for run, the command's own status (128+N when signal N ended
 // it), 127 when the command is not found and 126 when it cannot be
-// executed (as a shell says); 2 for bad usage (flags, key, URL, unknown
+// executed (as a shell says); for migrate check, 0 when every key is
+// clear and 1 when one is not; 2 for bad usage (flags, key, URL, unknown
 // scheme); 75 when run could not get the lock because another owner held
 // it (at once with --no-wait, or still when --timeout ran out); 76 when run
 // lost the lock, or its renewals failed, while the command ran (the
@@ -75,12 +86,14 @@ import (
 	_ "github.com/distlock/lock/consul"
 	_ "github.com/distlock/lock/etcd"
 	_ "github.com/distlock/lock/memory"
+	_ "github.com/distlock/lock/migrate" // the migrate:// scheme (migrate.go uses the package too)
 	lockredis "github.com/distlock/lock/redis"
 )
 
 // Exit statuses of lockctl's own outcomes.
 const (
 	exitOK          = 0
+	exitNotClear    = 1 // migrate check: a key is not clear for the next phase
 	exitUsage       = 2
 	exitBackend     = 69
 	exitNotAcquired = 75
@@ -121,6 +134,9 @@ commands:
   demo    [BACKEND] [--buyers N] [--units N]
   bench   [BACKEND] [--duration D]
   init-nodes [BACKEND]   (once, for a new Redlock deployment: redlock://...)
+  migrate check [BACKEND] [--settle D] [--keys-file PATH | KEY...]
+          (BACKEND migrate://?from=URL&to=URL&phase=N: are the keys clear for
+          phase N+1? In phases 2 and 3, status shows each store's holder.)
   version
 "lockctl CMD --help" lists a command's flags with their defaults.
 BACKEND, the backend URL: $LOCK_BACKEND, or --backend-file PATH (the URL read
@@ -133,33 +149,41 @@ schemes: `
 
 // lockctl runs one command line and returns the exit status.
 func lockctl(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	env := &environment{stdin: os.Stdin, stdout: stdout, stderr: stderr, getenv: getenv}
+	return env.command(ctx, args)
+}
+
+// command runs one command line in e and returns the exit status.
+func (e *environment) command(ctx context.Context, args []string) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage+strings.Join(lock.Schemes(), ", ")+"\n")
+		fmt.Fprint(e.stderr, usage+strings.Join(lock.Schemes(), ", ")+"\n")
 		return exitUsage
 	}
-	env := &environment{stdout: stdout, stderr: stderr, getenv: getenv}
 	switch args[0] {
 	case "run":
-		return env.run(ctx, args[1:])
+		return e.run(ctx, args[1:])
 	case "status":
-		return env.status(ctx, args[1:])
+		return e.status(ctx, args[1:])
 	case "demo":
-		return env.demo(ctx, args[1:])
+		return e.demo(ctx, args[1:])
 	case "bench":
-		return env.bench(ctx, args[1:])
+		return e.bench(ctx, args[1:])
 	case "init-nodes":
-		return env.initNodes(ctx, args[1:])
+		return e.initNodes(ctx, args[1:])
+	case "migrate":
+		return e.migrate(ctx, args[1:])
 	case "version", "--version":
-		fmt.Fprintln(stdout, version())
+		fmt.Fprintln(e.stdout, version())
 		return exitOK
 	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage+strings.Join(lock.Schemes(), ", ")+"\n")
+		fmt.Fprint(e.stdout, usage+strings.Join(lock.Schemes(), ", ")+"\n")
 		return exitOK
 	}
-	return env.usageError("", "unknown command %s; valid: run, status, demo, bench, init-nodes, version", quoted(argText(args[0])))
+	return e.usageError("", "unknown command %s; valid: run, status, demo, bench, init-nodes, migrate, version", quoted(argText(args[0])))
 }
 
 type environment struct {
+	stdin          io.Reader // read by migrate check --keys-file -
 	stdout, stderr io.Writer
 	getenv         func(string) string
 	rawURL         string // the backend URL, whose secrets are cut out of every message (see backend)

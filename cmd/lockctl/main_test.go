@@ -75,7 +75,7 @@ func TestBadUsageIsOneLineAndStatus2(t *testing.T) {
 		{nil, "usage: lockctl"},
 		{[]string{"frobnicate"}, `unknown command "frobnicate"; valid: run, status, demo, bench`},
 		{[]string{"run", "--bogus", "k", "--", "true"}, "valid flags: --backend"},
-		{[]string{"run", "--backend", "nosuch://x", "k", "--", "true"}, "registered: consul, consuls, etcd, etcds, mem, redis"},
+		{[]string{"run", "--backend", "nosuch://x", "k", "--", "true"}, "registered: consul, consuls, etcd, etcds, mem, migrate, redis"},
 		{[]string{"run", "--backend", "redis://localhost:6379?colour=red", "k", "--", "true"}, `unknown query parameter "colour"`},
 		{[]string{"run", "--backend", "mem://", "k", "true"}, "want KEY -- CMD"},
 		{[]string{"run", "k", "--", "true"}, "no backend: set LOCK_BACKEND, or give --backend-file PATH or --backend URL"},

@@ -10,12 +10,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 	"unicode/utf8"
 
 	"github.com/distlock/lock"
 	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/migrate"
 )
 
 // run: lockctl run [flags] KEY -- CMD [ARGS...]
@@ -264,8 +266,16 @@ func (e *environment) runHolding(ctx context.Context, l *lock.Lease, command []s
 }
 
 // status: lockctl status [--backend URL | --backend-file PATH] KEY
+//
+// In phases 2 and 3 of a migrate:// URL, which hold each lock on both
+// stores, it shows the holder on each store, one line each.
 func (e *environment) status(ctx context.Context, args []string) int {
 	fs := newFlags("status", "[--backend URL | --backend-file PATH] KEY")
+	fs.about = `Shows who holds KEY: its holder's token (the first 8 characters), the store's
+fence and the time left before the store expires it. In phases 2 and 3 of a
+migrate:// URL (both stores), one line for each store: "KEY: from: ...",
+"KEY: to: ...", each with the store's own fence (a lease's fence adds the
+fence epoch in its top bits).`
 	bf := addBackendFlags(fs, "", "")
 	if code, ok := e.parse(fs, args); !ok {
 		return code
@@ -286,24 +296,66 @@ func (e *environment) status(ctx context.Context, args []string) int {
 		return code
 	}
 	defer locks.Close()
+	ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if from, to, ok := migrate.Stores(locks.Backend()); ok {
+		return e.statusOfStores(ictx, key, from, to)
+	}
 	in, ok := locks.Backend().(backend.Inspector)
 	if !ok {
 		e.printf(e.stderr, "lockctl status: this backend cannot tell who holds a key\n")
 		return exitBackend
 	}
-	ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
 	h, err := in.Inspect(ictx, key)
 	if err != nil {
 		e.printf(e.stderr, "lockctl status: %v\n", err)
 		return exitBackend
 	}
-	if !h.Held {
-		e.printf(e.stdout, "%s: free\n", key)
-		return exitOK
-	}
-	e.printf(e.stdout, "%s: held by %s, fence %d, expires in %v unless renewed\n", key, short(h.Token), h.Fence, h.Remaining.Round(time.Millisecond))
+	e.printf(e.stdout, "%s: %s\n", key, holderText(h))
 	return exitOK
+}
+
+// statusOfStores is status in phases 2 and 3 of a move: the holder of key
+// on each of the two stores, one line each, read at once. Nothing is
+// printed to stdout unless both stores answer.
+func (e *environment) statusOfStores(ctx context.Context, key string, from, to backend.Backend) int {
+	stores := []struct {
+		name string
+		b    backend.Backend
+		h    backend.Holder
+		err  error
+	}{{name: "from", b: from}, {name: "to", b: to}}
+	var wg sync.WaitGroup
+	for i := range stores {
+		s := &stores[i]
+		in, ok := s.b.(backend.Inspector)
+		if !ok {
+			e.printf(e.stderr, "lockctl status: the %s store cannot tell who holds a key\n", s.name)
+			return exitBackend
+		}
+		wg.Go(func() { s.h, s.err = in.Inspect(ctx, key) })
+	}
+	wg.Wait()
+	for _, s := range stores {
+		if s.err != nil {
+			e.printf(e.stderr, "lockctl status: the %s store: %v\n", s.name, s.err)
+			return exitBackend
+		}
+	}
+	for _, s := range stores {
+		e.printf(e.stdout, "%s: %s: %s\n", key, s.name, holderText(s.h))
+	}
+	return exitOK
+}
+
+// holderText says who holds a key, as status prints it: "free", or "held
+// by TOKEN, fence F, expires in D unless renewed" (TOKEN cut short, not
+// shown: print it through printf).
+func holderText(h backend.Holder) string {
+	if !h.Held {
+		return "free"
+	}
+	return fmt.Sprintf("held by %s, fence %d, expires in %v unless renewed", short(h.Token), h.Fence, h.Remaining.Round(time.Millisecond))
 }
 
 // short is the first 8 characters of token (the store's text: print it
