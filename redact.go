@@ -46,15 +46,18 @@ func RedactURL(rawURL string) string { return defaultMux.RedactURL(rawURL) }
 // RedactURL is the package-level RedactURL, with the secrets declared by
 // the schemes registered in m.
 func (m *URLMux) RedactURL(rawURL string) string {
-	shown, _ := m.redact(rawURL)
+	shown, _, _ := m.redact(rawURL)
 	return shown
 }
 
-// redact returns RedactURL's form of raw and the secret values it cut out
-// (decoded and as written), for RedactText.
-func (m *URLMux) redact(raw string) (string, []string) {
+// redact returns RedactURL's form of raw, the secret values it cut out
+// (decoded and as written), for RedactText, and whether it hid anything
+// (an empty password too), for URLHasSecrets.
+func (m *URLMux) redact(raw string) (string, []string, bool) {
 	var secrets []string
+	hid := false
 	hide := func(s string) string {
+		hid = true
 		if s == "" {
 			return ""
 		}
@@ -70,8 +73,8 @@ func (m *URLMux) redact(raw string) (string, []string) {
 	rest := raw
 	if i := strings.IndexByte(rest, '#'); i >= 0 {
 		hide(rest[i+1:])
-		shown, inner := m.redact(rest[:i])
-		return shown + "#" + redacted, append(secrets, inner...)
+		shown, inner, _ := m.redact(rest[:i])
+		return shown + "#" + redacted, append(secrets, inner...), true
 	}
 	var b strings.Builder
 	scheme, afterScheme, hasScheme := cutScheme(rest)
@@ -87,7 +90,7 @@ func (m *URLMux) redact(raw string) (string, []string) {
 		// "user": nothing in it can be told apart from a secret.
 		b.WriteString(scheme + ":")
 		b.WriteString(hide(afterScheme))
-		return b.String(), secrets
+		return b.String(), secrets, hid
 	default:
 		// A relative reference or no URL at all: a bare password, a
 		// path, anything.
@@ -95,7 +98,7 @@ func (m *URLMux) redact(raw string) (string, []string) {
 		if rest == "" {
 			b.WriteString(redacted)
 		}
-		return b.String(), secrets
+		return b.String(), secrets, hid
 	}
 	authority, pathQuery := rest, ""
 	if i := strings.IndexAny(rest, "/?"); i >= 0 {
@@ -120,7 +123,7 @@ func (m *URLMux) redact(raw string) (string, []string) {
 	if hasQuery {
 		b.WriteString("?" + m.redactQuery(query, scheme, hide))
 	}
-	return b.String(), secrets
+	return b.String(), secrets, hid
 }
 
 // cutScheme splits raw at the ':' that ends a URL scheme (a letter, then
@@ -189,7 +192,10 @@ func (m *URLMux) redactNested(value string, hide func(string) string) string {
 	if err != nil {
 		return hide(value) + emptyMark(value)
 	}
-	shown, secrets := m.redact(inner)
+	shown, secrets, innerHid := m.redact(inner)
+	if innerHid {
+		hide("") // the outer URL hides something too
+	}
 	for _, sec := range secrets {
 		hide(sec)
 		if e := url.QueryEscape(sec); e != sec {
@@ -253,7 +259,7 @@ func RedactText(text, rawURL string) string { return defaultMux.RedactText(text,
 // RedactText is the package-level RedactText, with the secrets declared by
 // the schemes registered in m.
 func (m *URLMux) RedactText(text, rawURL string) string {
-	_, secrets := m.redact(rawURL)
+	_, secrets, _ := m.redact(rawURL)
 	for _, s := range secrets {
 		if len(s) >= minScrubbed {
 			text = strings.ReplaceAll(text, s, redacted)
@@ -271,6 +277,6 @@ func URLHasSecrets(rawURL string) bool { return defaultMux.URLHasSecrets(rawURL)
 // URLHasSecrets is the package-level URLHasSecrets, with the secrets
 // declared by the schemes registered in m.
 func (m *URLMux) URLHasSecrets(rawURL string) bool {
-	shown, _ := m.redact(rawURL)
-	return shown != rawURL
+	_, _, hid := m.redact(rawURL)
+	return hid
 }

@@ -80,9 +80,11 @@ func TLSConfig(q url.Values, on bool, tlsScheme string) (*tls.Config, error) {
 	return cfg, nil
 }
 
-// SkipsVerify reports whether rawURL asks for TLS without certificate
-// checks (skip_verify=true), for tools that warn about it. It is false
-// for a URL that does not parse.
+// SkipsVerify reports whether rawURL, or a backend URL inside it (a
+// parameter its scheme declares in Scheme.URLs, such as the from and to of
+// a migrate:// URL), asks for TLS without certificate checks
+// (skip_verify=true), for tools that warn about it. It is false for a URL
+// that does not parse. The schemes are those of the default URLMux.
 func SkipsVerify(rawURL string) bool {
 	u, err := url.Parse(rawURL)
 	if err != nil {
@@ -92,6 +94,16 @@ func SkipsVerify(rawURL string) bool {
 	if err != nil {
 		return false
 	}
-	skip, _ := strconv.ParseBool(q.Get("skip_verify"))
-	return skip
+	if skip, _ := strconv.ParseBool(q.Get("skip_verify")); skip {
+		return true
+	}
+	s, _ := defaultMux.Scheme(u.Scheme)
+	for _, p := range s.URLs {
+		for _, inner := range q[p] {
+			if SkipsVerify(inner) { // each level is shorter: it ends
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -391,6 +391,16 @@ func TestURLRedaction(t *testing.T) {
 			t.Errorf("RedactText leaves %q: %s", secret, text)
 		}
 	}
+	plain := "migrate://?" + url.Values{"from": {"redis://r1:6379/0"}, "to": {"etcd://e1:2379?prefix=a%26b"}, "phase": {"2"}}.Encode()
+	if lock.URLHasSecrets(plain) {
+		t.Errorf("URLHasSecrets(%s): true; want false (no credentials in it)", plain)
+	}
+	if !lock.URLHasSecrets(raw) {
+		t.Errorf("URLHasSecrets(%s): false; want true", raw)
+	}
+	if lock.SkipsVerify(plain) || !lock.SkipsVerify("migrate://?from=redis://r1&to="+url.QueryEscape("etcds://e1:2379?skip_verify=true")+"&phase=2") {
+		t.Errorf("SkipsVerify does not see skip_verify=true in a nested URL, or sees it where it is not")
+	}
 	_, err := lock.Open(context.Background(), strings.Replace(raw, "phase=2", "phase=9", 1))
 	if err == nil || strings.Contains(err.Error(), "hunter22") || strings.Contains(err.Error(), "etcd9") {
 		t.Errorf("Open's error shows a secret: %v", err)

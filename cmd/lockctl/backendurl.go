@@ -90,7 +90,7 @@ func (e *environment) backend(b *backendFlags) (rawURL string, code int, ok bool
 	if fromFlag && carriesCredentials(rawURL) {
 		e.printf(e.stderr, "lockctl %s: warning: the --backend URL carries credentials, and every local user can read lockctl's command line (ps, /proc/PID/cmdline) while it runs; set %s or give --backend-file PATH instead\n", cmd, backendEnv)
 	}
-	if skipsVerify(rawURL) {
+	if lock.SkipsVerify(rawURL) {
 		e.printf(e.stderr, "lockctl %s: warning: skip_verify=true: the backend's TLS certificate is not checked, so anyone on the network path can read and change the traffic, credentials included\n", cmd)
 	}
 	return rawURL, exitOK, true
@@ -102,35 +102,6 @@ func (e *environment) backend(b *backendFlags) (rawURL string, code int, ok bool
 // "host", which is no secret.)
 func carriesCredentials(rawURL string) bool {
 	return lock.URLHasSecrets(rawURL) && strings.ContainsAny(rawURL, "@?#")
-}
-
-// skipsVerify reports whether rawURL, or a backend URL inside it (the
-// from and to of a migrate:// URL: its scheme's URL parameters), asks for
-// TLS without certificate checks.
-func skipsVerify(rawURL string) bool {
-	if lock.SkipsVerify(rawURL) {
-		return true
-	}
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		return false
-	}
-	s, ok := lock.DefaultURLMux().Scheme(u.Scheme)
-	if !ok || len(s.URLs) == 0 {
-		return false
-	}
-	q, err := url.ParseQuery(u.RawQuery)
-	if err != nil {
-		return false
-	}
-	for _, p := range s.URLs {
-		for _, inner := range q[p] {
-			if skipsVerify(inner) { // each level is shorter: it ends
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // readBackendFile reads the backend URL from the file at path.

@@ -373,10 +373,10 @@ func TestMigrateWarnsOfANestedSkipVerify(t *testing.T) {
 			t.Errorf("%s: stderr %q; want the skip_verify warning", u, stderr.String())
 		}
 	}
-	if !skipsVerify("migrate://?from=mem://a&to=" + url.QueryEscape("rediss://h:1?skip_verify=true") + "&phase=1") {
-		t.Errorf("skipsVerify misses an escaped nested skip_verify")
+	if !lock.SkipsVerify("migrate://?from=mem://a&to=" + url.QueryEscape("rediss://h:1?skip_verify=true") + "&phase=1") {
+		t.Errorf("lock.SkipsVerify misses an escaped nested skip_verify")
 	}
-	if skipsVerify(migrateURL("mem://a", "mem://b", 2)) || skipsVerify("mem://a") {
-		t.Errorf("skipsVerify of URLs without skip_verify: true")
+	if lock.SkipsVerify(migrateURL("mem://a", "mem://b", 2)) || lock.SkipsVerify("mem://a") {
+		t.Errorf("lock.SkipsVerify of URLs without skip_verify: true")
 	}
 }
