@@ -164,6 +164,9 @@ func (b *both) Acquire(ctx context.Context, key, token string, ttl time.Duration
 	if err != nil {
 		if errors.Is(err, backend.ErrLocked) {
 			b.refusedBy(ctx, key, fromSide)
+			if b.halfDone(ctx, key) {
+				return backend.Grant{}, fmt.Errorf("%w: migrate: acquire %q: the from store holds it (%v) and the to store does not: another instance's acquire or release is half done, or a phase 1 instance holds it", backend.ErrContended, key, err)
+			}
 		}
 		return backend.Grant{}, errStore("from", "acquire", err)
 	}
@@ -190,6 +193,32 @@ func (b *both) Acquire(ctx context.Context, key, token string, ttl time.Duration
 		b.mu.Unlock()
 	}
 	return backend.Grant{Fence: fence, TTL: min(granted(gf, ttl), granted(gt, ttl))}, nil
+}
+
+// halfDone reports, after From refused key, whether To does not hold it.
+//
+// A lock of phases 2 and 3 is held on both stores; it is taken and freed
+// in two steps, so for a moment it is held on one. A release frees both
+// at once (a reply lost on one store must not keep the other held), so
+// From may be free while To still holds a lock being released; an
+// Acquire then takes From, finds To held, and undoes From. Whoever finds
+// From held in that moment, and To already free, must not answer that
+// the key is held: no lease holds it, and a TryAcquire that said so
+// would be refused by nobody (the conformance case GiveUpUnderLoad saw it
+// on real servers). That is Redlock's split vote, and the answer is the
+// same, ErrContended: package lock tries again after a random delay. A
+// phase 1 instance, which holds From only, is answered so too while
+// phases 1 and 2 run side by side; its waiters then retry on a timer
+// instead of a wake-up, for the length of the roll from phase 1 to 2.
+// The read costs To a request on each refusal by From; a To that cannot
+// be read (no Inspector, an error) leaves the refusal as it is.
+func (b *both) halfDone(ctx context.Context, key string) bool {
+	in, ok := b.to.(backend.Inspector)
+	if !ok {
+		return false
+	}
+	h, err := in.Inspect(ctx, key)
+	return err == nil && !h.Held
 }
 
 // Renew renews key on both stores at once. The lease is lost when either
