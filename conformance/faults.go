@@ -440,8 +440,8 @@ func (s *suite) releaseSentAgain(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Inspect: %v", err)
 	}
-	if !h.Held || (h.Fence != 0 && h.Fence != o.Fence()) {
-		t.Fatalf("after the first owner's release was sent again, the store has %+v; want the new owner's lock, fence %d", h, o.Fence())
+	if !h.Held || (h.Fence != 0 && h.Fence != o.StoreFence()) {
+		t.Fatalf("after the first owner's release was sent again, the store has %+v; want the new owner's lock, store fence %d", h, o.StoreFence())
 	}
 }
 

@@ -60,8 +60,8 @@ func (s *suite) staleOwner(t *testing.T) {
 			h, err := in.Inspect(ctx, su.key)
 			if err != nil {
 				t.Errorf("Inspect: %v", err)
-			} else if !h.Held || h.Fence != su.successor.Fence() {
-				t.Errorf("Inspect: %+v; want held with the successor's fence %d", h, su.successor.Fence())
+			} else if !h.Held || h.Fence != su.successor.StoreFence() {
+				t.Errorf("Inspect: %+v; want held with the successor's store fence %d", h, su.successor.StoreFence())
 			}
 		}
 		if err := su.rec.release(ctx, 1, su.successor); err != nil {

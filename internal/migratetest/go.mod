@@ -15,7 +15,6 @@ replace github.com/distlock/lock/internal/etcdtest => ../etcdtest
 replace github.com/distlock/lock/internal/sqltest => ../sqltest
 
 require (
-	github.com/anishathalye/porcupine v1.3.1
 	github.com/distlock/lock v0.0.0-00010101000000-000000000000
 	github.com/distlock/lock/etcd v0.0.0-00010101000000-000000000000
 	github.com/distlock/lock/internal/etcdtest v0.0.0-00010101000000-000000000000
@@ -29,6 +28,7 @@ require (
 )
 
 require (
+	github.com/anishathalye/porcupine v1.3.1 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect

@@ -128,7 +128,14 @@ func (c *confEtcd) Close() error {
 	return err
 }
 
-func (h *confHarness) NewBackend(context.Context) (backend.Backend, error) {
+func (h *confHarness) NewBackend(ctx context.Context) (backend.Backend, error) {
+	return h.newBackendOf(ctx, h.phase)
+}
+
+// newBackendOf makes a backend of phase (see NewBackend); in phase 1 it
+// is the redis store's wrapper, in phase 4 the etcd store's, each still
+// registered with every proxy of the three.
+func (h *confHarness) newBackendOf(_ context.Context, phase migrate.Phase) (backend.Backend, error) {
 	rpx := faultproxy.Start(h.t, h.redis.Addr)
 	rdb := redistest.Client(h.t, rpx.Addr)
 	epx1, epx2 := faultproxy.Start(h.t, h.etcd.Addr), faultproxy.Start(h.t, h.etcd.Addr)
@@ -153,18 +160,28 @@ func (h *confHarness) NewBackend(context.Context) (backend.Backend, error) {
 	forget := func() { h.Forget(dual) }
 	from := &confRedis{Backend: redis.New(rdb, redis.WithDurableFence(true)), rdb: rdb, px: rpx, forget: forget}
 	to := &confEtcd{Backend: eb, cli: cli, pxs: []*faultproxy.Proxy{epx1, epx2}, forget: forget}
-	dual, _, err = migrate.Config{From: from, To: to, Phase: h.phase}.Backend()
+	dual, _, err = migrate.Config{From: from, To: to, Phase: phase}.Backend()
 	if err != nil {
 		return nil, errors.Join(err, from.Close(), to.Close())
 	}
-	if _, _, ok := migrate.Stores(dual); !ok {
-		dual.Close()
-		return nil, fmt.Errorf("migrate.Config.Backend of phase %v gave %T, not a backend over both stores", h.phase, dual)
+	pxs := []*faultproxy.Proxy{epx1, epx2, rpx}
+	switch phase {
+	case migrate.FromOnly:
+		to.Close() // unused in phase 1
+		pxs = []*faultproxy.Proxy{rpx}
+	case migrate.ToOnly:
+		from.Close()
+		pxs = []*faultproxy.Proxy{epx1, epx2}
+	default:
+		if _, _, ok := migrate.Stores(dual); !ok {
+			dual.Close()
+			return nil, fmt.Errorf("migrate.Config.Backend of phase %v gave %T, not a backend over both stores", phase, dual)
+		}
 	}
 	// The first proxy is the link that LinkDelayer slows (see
 	// conformance.LinkDelayer): one of etcd's two, so that requests to
 	// To on the other link overtake it.
-	h.Add(dual, epx1, epx2, rpx)
+	h.Add(dual, pxs...)
 	return dual, nil
 }
 
