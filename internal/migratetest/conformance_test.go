@@ -18,8 +18,8 @@ func TestConformance(t *testing.T) {
 	}
 }
 
-// TestFaultRuns makes the seeded fault runs over phases 2 and 3; phase 2
-// with contenders in helper processes too (see confProcHarness).
+// TestFaultRuns makes the seeded fault runs over phases 2 and 3, with
+// contenders in helper processes too (see confProcHarness).
 func TestFaultRuns(t *testing.T) {
 	t.Run(confPhaseName(migrate.BothFromFences), func(t *testing.T) {
 		conformance.RunFaults(t, func(t *testing.T) conformance.Harness {
@@ -27,7 +27,9 @@ func TestFaultRuns(t *testing.T) {
 		})
 	})
 	t.Run(confPhaseName(migrate.BothToFences), func(t *testing.T) {
-		conformance.RunFaults(t, func(t *testing.T) conformance.Harness { return confNewHarness(t, migrate.BothToFences) })
+		conformance.RunFaults(t, func(t *testing.T) conformance.Harness {
+			return confProcHarness{confNewHarness(t, migrate.BothToFences)}
+		})
 	})
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"testing"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/distlock/lock"
 	"github.com/distlock/lock/backend"
 	"github.com/distlock/lock/conformance"
 	"github.com/distlock/lock/conformance/faultproxy"
@@ -40,14 +40,8 @@ import (
 // backend's Close, also closes their clients and proxies and makes the
 // harness forget the dual backend's proxies.
 //
-// The suite's clients run with no fence epoch: fences are From's in
-// phase 2 and To's in phase 3, as they come from the store. A deployment
-// runs phase 3 under epoch+1 (lock.WithFenceEpoch, which a harness could
-// give through conformance.ClientOptioner), but the suite's cases that
-// compare a lease's fence with the fence the backend's Inspect reports
-// (StaleOwner, staleowner.go; ReleaseSentAgain, faults.go) compare the
-// epoch's fence with the store's and fail; so the harness leaves the
-// epoch out, and phase 3 has no helper processes (see confProcHarness).
+// The suite's clients run under the phase's fence epoch, as a
+// deployment's do (ClientOptions): 0 in phase 2, 1 in phase 3.
 type confHarness struct {
 	faultproxy.Hooks
 	t     *testing.T
@@ -67,6 +61,7 @@ var (
 	_ conformance.ConnResetter = (*confHarness)(nil)
 
 	_ conformance.ProcessContenders = confProcHarness{}
+	_ conformance.ClientOptioner    = (*confHarness)(nil)
 )
 
 // confNewHarness starts a redis-server and an etcd member for t, and
@@ -212,24 +207,24 @@ func (h *confHarness) Restart(_ context.Context, keepData bool) error {
 	return nil
 }
 
-// confProcHarness adds contenders in helper processes to a phase 2
-// harness: they open the same move from a migrate URL, whose epoch (0)
-// is the fence epoch of the suite's clients (none). A migrate URL of
-// phase 3 has epoch+1: its helpers' fences would be of another epoch
-// than the suite's clients' (see confHarness), so phase 3 has none.
+// ClientOptions implements conformance.ClientOptioner: the phase's fence
+// epoch.
+func (h *confHarness) ClientOptions(backend.Backend) []lock.Option {
+	if h.phase >= migrate.BothToFences {
+		return []lock.Option{lock.WithFenceEpoch(1)}
+	}
+	return []lock.Option{lock.WithFenceEpoch(0)}
+}
+
+// confProcHarness adds contenders in helper processes: they open the same
+// move from a migrate URL, whose phase sets the same fence epoch as
+// ClientOptions.
 type confProcHarness struct{ *confHarness }
 
 // ContenderURL implements conformance.ProcessContenders: helper processes
 // reach the servers directly.
 func (h confProcHarness) ContenderURL(context.Context) (string, error) {
-	if h.phase != migrate.BothFromFences {
-		return "", fmt.Errorf("harness: helper processes of phase %v would take fences of epoch 1, the suite's clients of epoch 0", h.phase)
-	}
-	q := url.Values{}
-	q.Set("from", "redis://"+h.redis.Addr)
-	q.Set("to", fmt.Sprintf("etcd://%s?electiontimeout=%v", h.etcd.Addr, etcdtest.ElectionTimeout))
-	q.Set("phase", fmt.Sprint(int(h.phase)))
-	return "migrate://?" + q.Encode(), nil
+	return rollURL(h.redis.Addr, h.etcd.Addr, h.phase), nil
 }
 
 // TestConfHarness checks the harness's wiring, which the suite takes on
