@@ -37,6 +37,13 @@
 // starts (Check says when no holder of a phase that the next one drops is
 // left).
 //
+// No false "held". A lock of phases 2 and 3 is held on one store for a
+// moment while it is taken or released (a release frees both stores at
+// once, so that a reply lost on one does not keep the other held). An
+// acquire that From refuses while To does not hold the key answers
+// ErrContended, as after a Redlock split vote, not ErrLocked: no lease may
+// hold the key (both.halfDone). A phase 1 holder is answered so too.
+//
 // No deadlock. Phases 2 and 3 take From first, then To, always; and they
 // never wait while they hold a store: when To refuses, the From grant is
 // undone before Acquire returns, and package lock waits with nothing held.
