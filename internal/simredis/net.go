@@ -123,13 +123,16 @@ type server interface {
 	Dial() (net.Conn, error)
 }
 
-// wait blocks while the node is paused.
-func (nd *node) wait() {
+// wait waits while the node is paused, or until done is closed.
+func (nd *node) wait(done <-chan struct{}) {
 	nd.mu.Lock()
 	g := nd.gate
 	nd.mu.Unlock()
 	if g != nil {
-		<-g
+		select {
+		case <-g:
+		case <-done:
+		}
 	}
 }
 
@@ -181,7 +184,7 @@ func (n *simnet) dialer(client int, nd *node, r *rand.Rand, timeout time.Duratio
 		lr := rand.New(rand.NewPCG(r.Uint64(), r.Uint64()))
 		mu.Unlock()
 		cc, pc := net.Pipe()
-		l := &link{n: n, nd: nd, client: client, r: lr, cc: pc, sc: sc}
+		l := &link{n: n, nd: nd, client: client, r: lr, cc: pc, sc: sc, done: make(chan struct{})}
 		nd.mu.Lock()
 		if nd.live == nil {
 			nd.live = map[*link]struct{}{}
@@ -229,7 +232,8 @@ type link struct {
 	n      *simnet
 	nd     *node
 	client int
-	cc, sc net.Conn // the network's end of the client's pipe; the client end of the server's
+	cc, sc net.Conn      // the network's end of the client's pipe; the client end of the server's
+	done   chan struct{} // closed by close: a delivery waiting out its delay stops waiting
 
 	mu        sync.Mutex
 	r         *rand.Rand
@@ -314,8 +318,8 @@ func (l *link) read(src net.Conn, q chan<- chunk, toServer bool) {
 // went silent or is cut off by then. A chunk for a paused node waits.
 func (l *link) deliver(q <-chan chunk, dst net.Conn, toServer bool) {
 	for c := range q {
-		if d := time.Until(c.at); d > 0 {
-			time.Sleep(d)
+		if !l.await(c.at) {
+			continue // the link closed: drain the queue so its reader can end
 		}
 		if c.init {
 			if _, err := dst.Write(c.b); err != nil {
@@ -324,7 +328,7 @@ func (l *link) deliver(q <-chan chunk, dst net.Conn, toServer bool) {
 			continue
 		}
 		if toServer {
-			l.nd.wait()
+			l.nd.wait(l.done)
 		}
 		if cut, _ := l.n.cutOff(l.client); cut {
 			l.goSilent()
@@ -341,6 +345,27 @@ func (l *link) deliver(q <-chan chunk, dst net.Conn, toServer bool) {
 		if _, err := dst.Write(c.b); err != nil {
 			l.close()
 		}
+	}
+}
+
+// await waits until at, or until the link closes, and reports whether the
+// link is still open. A delivery must not outlive its link: once the
+// run's main goroutine has returned, a synctest bubble's clock stops, and
+// a goroutine still sleeping out a chunk's delay would never end.
+func (l *link) await(at time.Time) bool {
+	if d := time.Until(at); d > 0 {
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-l.done:
+			t.Stop()
+		}
+	}
+	select {
+	case <-l.done:
+		return false
+	default:
+		return true
 	}
 }
 
@@ -378,6 +403,7 @@ func (l *link) close() {
 		return
 	}
 	l.closed = true
+	close(l.done)
 	l.mu.Unlock()
 	l.cc.Close()
 	l.sc.Close()
