@@ -58,11 +58,40 @@ import (
 //     place) and is woken then (Result.RetryIn). A release that finds the
 //     key free with others queued wakes the first of them ("w:ID").
 //
+// # Bounded work
+//
+// Every script does a bounded amount of work, however many dead places a
+// queue holds (waiters killed while queued leave their entries; their
+// records expire). Each search for the first live place drops at most
+// scanBound dead ones, about 2 µs each on the server; where it stops:
+//
+//   - an Acquire or TryAcquire that found the key free answers as if
+//     others queued (the key is not taken; the caller tries again, and the
+//     next attempt searches on);
+//   - a place's attempt queues the place and asks for another attempt at
+//     once (Result.RetryIn), which searches on;
+//   - a release deletes the lock (no handover) and answers 2; the
+//     releasing backend then sweeps the queue with sweepScript, one
+//     bounded request at a time, until it wakes the first live place;
+//   - a place's refresh drops the dead places before it, so a place
+//     behind dead ones becomes first even with nobody else active.
+//
+// Stopping early only delays: a place is granted or handed the lock only
+// by a search that completed, so the order above holds. And since a
+// lock is marked whenever a live place queues behind its holder (the
+// place marks it, a grant or handover with others queued marks it), the
+// release of an unmarked lock skips the search.
+//
 // Redlock does not queue: a handover would have to be the same on a
 // majority of nodes, each choosing the head of its own queue, and nodes
 // that disagree (a waiter's record expired on one, a node restarted empty)
 // would hand the lock to different waiters, one per minority. Its waiters
 // wake on release messages, as before.
+
+// scanBound is the most dead places one script drops (see Bounded work),
+// as the scripts' Lua text takes it: 500 keep a script under 2 ms on the
+// server.
+const scanBound = "500"
 
 var (
 	// placeAcquireScript: KEYS = lock, fence, dead token, next, queue,
@@ -71,7 +100,9 @@ var (
 	// channel. Returns {the fence} (> 0) when it took the lock, or {minus
 	// the holder's PTTL (<= 0), 1 when the place is first in the queue,
 	// else 0} after queueing the place ({0, 0} when the key is free but
-	// others queue first: the script wakes the first of them), or the
+	// others queue first: the script wakes the first of them; {0, 2} when
+	// the key is free and the search for the first live place stopped at
+	// its bound: try again), or the
 	// error DEAD for a released token. A record's value is the token and
 	// the place's channel, separated by a space.
 	//
@@ -117,12 +148,15 @@ end
 if ARGV[4] ~= '' and (v == ARGV[4] or v == ARGV[4] .. '+') then
   return grant(string.byte(v, -1) == 43)
 end
+local more = false
 if not v then
   local head
-  while true do
+  more = true
+  for i = 1, ` + scanBound + ` do
     local h = redis.call('ZRANGE', KEYS[5], 0, 0)[1]
     if not h or h == ARGV[3] then
       head = h
+      more = false
       break
     end
     local r = redis.call('GET', ARGV[5] .. h)
@@ -132,11 +166,12 @@ if not v then
         redis.call('PUBLISH', string.sub(r, sp + 1), 'w:' .. h)
       end
       head = h
+      more = false
       break
     end
     redis.call('ZREM', KEYS[5], h)
   end
-  if not head or head == ARGV[3] then
+  if not more and (not head or head == ARGV[3]) then
     local n = 0
     if head then n = 1 end
     return grant(redis.call('ZCARD', KEYS[5]) > n)
@@ -160,6 +195,7 @@ else
   if redis.call('ZRANK', KEYS[5], ARGV[3]) == 0 then first = 1 end
   redis.call('PEXPIRE', KEYS[5], ARGV[2], 'GT')
 end
+if more then return {0, 2} end
 if not v then return {0, 0} end
 local p = redis.call('PTTL', KEYS[1])
 if p < 0 then p = 0 end
@@ -170,7 +206,8 @@ return {-p, first}`)
 	// fence counter]; ARGV = token, tombstone ms, the key's channel,
 	// record prefix, the releasing place's id ('' for none), the prefix of
 	// the key's tombstones (deadKeyOf with no token). Returns as
-	// releaseScript. It removes the releasing place from the queue, then,
+	// releaseScript, or 2 when it deleted the lock after its search for a
+	// waiter stopped at its bound (see Bounded work). It removes the releasing place from the queue, then,
 	// when token holds the lock, hands it to the oldest place whose record
 	// lives and whose token is not dead (see above), publishing
 	// "h:ID:FENCE:TOKEN" on that place's channel; or deletes it
@@ -185,12 +222,21 @@ if ARGV[5] ~= '' then
   redis.call('DEL', KEYS[5])
 end
 local v = redis.call('GET', KEYS[1])
-if v == ARGV[1] or v == ARGV[1] .. '+' then
+if v == ARGV[1] then
   redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
-  while true do
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+if v == ARGV[1] .. '+' then
+  redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+  local more = 1
+  for i = 1, ` + scanBound + ` do
     local hs = redis.call('ZRANGE', KEYS[4], 0, 1)
     local h = hs[1]
-    if not h then break end
+    if not h then
+      more = 0
+      break
+    end
     redis.call('ZREM', KEYS[4], h)
     local r = ARGV[4] .. h
     local rv = redis.call('GET', r)
@@ -222,26 +268,55 @@ if v == ARGV[1] or v == ARGV[1] .. '+' then
     end
   end
   redis.call('DEL', KEYS[1])
-  if v ~= ARGV[1] then
-    redis.call('PUBLISH', ARGV[3], ARGV[1])
-  end
-  return 1
+  redis.call('PUBLISH', ARGV[3], ARGV[1])
+  return 1 + more
 end
 ` + releaseNotHeldLua)
 
-	// refreshScript: KEYS = record, queue, lock; ARGV = ttl ms, place id.
-	// Returns {0, 0} when the record is gone; else {1, the lock's PTTL}
-	// when the place is first in the queue (-2: the lock is free), or {1,
-	// -3} when it is not.
+	// refreshScript: KEYS = record, queue, lock; ARGV = ttl ms, place id,
+	// record prefix. Returns {0, 0} when the record is gone; else {1, the
+	// lock's PTTL} when the place is first in the queue (-2: the lock is
+	// free), or {1, -3} when it is not. A place behind others first drops
+	// the dead places before it (at most scanBound).
 	refreshScript = goredis.NewScript(`
 if redis.call('PEXPIRE', KEYS[1], ARGV[1]) == 0 then
   return {0, 0}
 end
 redis.call('PEXPIRE', KEYS[2], ARGV[1], 'GT')
-if redis.call('ZRANK', KEYS[2], ARGV[2]) == 0 then
+local r = redis.call('ZRANK', KEYS[2], ARGV[2])
+if r and r > 0 then
+  for i = 1, ` + scanBound + ` do
+    local h = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+    if not h or h == ARGV[2] or redis.call('EXISTS', ARGV[3] .. h) == 1 then
+      break
+    end
+    redis.call('ZREM', KEYS[2], h)
+  end
+  r = redis.call('ZRANK', KEYS[2], ARGV[2])
+end
+if r == 0 then
   return {1, redis.call('PTTL', KEYS[3])}
 end
 return {1, -3}`)
+
+	// sweepScript: KEYS = queue; ARGV = record prefix, the prefix of the
+	// key's tombstones. It drops at most scanBound dead places from the
+	// head of the queue (a record gone, or its token dead) and wakes the
+	// first live one ("w:ID" on its channel). Returns 1 when it woke one
+	// or the queue is empty, 0 when dead places may remain.
+	sweepScript = goredis.NewScript(`
+for i = 1, ` + scanBound + ` do
+  local h = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
+  if not h then return 1 end
+  local rv = redis.call('GET', ARGV[1] .. h)
+  local sp = rv and string.find(rv, ' ', 1, true)
+  if sp and redis.call('EXISTS', ARGV[2] .. string.sub(rv, 1, sp - 1)) == 0 then
+    redis.call('PUBLISH', string.sub(rv, sp + 1), 'w:' .. h)
+    return 1
+  end
+  redis.call('ZREM', KEYS[1], h)
+end
+return 0`)
 )
 
 // Queue implements backend.Queuer. It sends nothing: the place's Acquire
@@ -315,10 +390,15 @@ func (p *place) Attempt(ctx context.Context, a waitq.Attempt) (waitq.Result, err
 	}
 	left := time.Duration(-out[0]) * time.Millisecond
 	res := waitq.Result{Queued: true, Refreshed: sent}
-	if out[1] == 1 && out[0] < 0 {
+	switch {
+	case out[1] == 1 && out[0] < 0:
 		// First in the queue: a holder that expires hands nothing over
 		// and publishes nothing; try again when its expiry comes.
 		res.RetryIn = left + time.Millisecond
+	case out[1] == 2:
+		// The search for the first live place stopped at its bound:
+		// the next attempt goes on from there.
+		res.RetryIn = time.Millisecond
 	}
 	if !subscribed {
 		// Join the key's channel, then check once more: a handover
@@ -335,7 +415,7 @@ func (p *place) Attempt(ctx context.Context, a waitq.Attempt) (waitq.Result, err
 // Refresh implements waitq.Store: refreshScript, which also tells the
 // place first in the queue when the holder's lock expires.
 func (p *place) Refresh(ctx context.Context, ttl time.Duration) (waitq.Refreshed, error) {
-	out, err := p.b.batch.run(ctx, refreshScript, []string{p.rec, queueKeyOf(p.lk), p.lk}, ms(ttl), p.id).Int64Slice()
+	out, err := p.b.batch.run(ctx, refreshScript, []string{p.rec, queueKeyOf(p.lk), p.lk}, ms(ttl), p.id, recordPrefixOf(p.lk)).Int64Slice()
 	if err == nil && len(out) != 2 {
 		err = fmt.Errorf("unexpected script reply %v", out)
 	}
@@ -411,7 +491,32 @@ func (b *Backend) releaseWith(ctx context.Context, lk, token, rec, id string) (i
 	if sk := b.opts.slotFenceKey(lk); sk != "" {
 		ks = append(ks, sk)
 	}
-	return b.batch.run(ctx, queueReleaseScript, ks, token, deadMs, channelOf(lk), recordPrefixOf(lk), id, deadKeyOf(lk, "")).Int64()
+	n, err := b.batch.run(ctx, queueReleaseScript, ks, token, deadMs, channelOf(lk), recordPrefixOf(lk), id, deadKeyOf(lk, "")).Int64()
+	if err == nil && n == 2 {
+		// Released, but the search for a waiter stopped at its bound:
+		// sweep the rest of the dead places, a bounded step per request.
+		b.sweep(ctx, lk)
+		n = 1
+	}
+	return n, err
+}
+
+// maxSweeps bounds the requests one release spends on sweeping a queue:
+// scanBound dead places each. A queue with more dead places than that is
+// swept on by later attempts and by the live places' refreshes.
+const maxSweeps = 1000
+
+// sweep runs sweepScript on lk's queue until it woke the first live place
+// or emptied the queue, or until maxSweeps requests, an error or the end
+// of ctx. The release it follows has taken effect either way.
+func (b *Backend) sweep(ctx context.Context, lk string) {
+	q := []string{queueKeyOf(lk)}
+	for range maxSweeps {
+		done, err := b.batch.run(ctx, sweepScript, q, recordPrefixOf(lk), deadKeyOf(lk, "")).Int64()
+		if err != nil || done == 1 {
+			return
+		}
+	}
 }
 
 // channel returns the channel the place's messages come on: one per key

@@ -472,6 +472,10 @@ var (
 	// deadline from this request's send time stays within the store's
 	// expiry.
 	//
+	// The search for a live place drops at most scanBound dead ones (see
+	// Bounded work in queue.go); past that, the script answers as if
+	// others queued (0), and the caller's next attempt goes on.
+	//
 	// With the slot's counter, the fence is its INCR, raised above the
 	// key's own counter if one is left from the default mode; the key's
 	// fence key then records the holder's fence, with the lock's expiry.
@@ -482,7 +486,7 @@ if redis.call('EXISTS', KEYS[3]) == 1 then
   return redis.error_reply('DEAD token released before')
 end
 if ARGV[3] and redis.call('EXISTS', ARGV[3]) == 1 and redis.call('EXISTS', KEYS[1]) == 0 then
-  while true do
+  for i = 1, ` + scanBound + ` do
     local h = redis.call('ZRANGE', ARGV[3], 0, 0)[1]
     if not h then break end
     local r = redis.call('GET', ARGV[4] .. h)
@@ -492,6 +496,7 @@ if ARGV[3] and redis.call('EXISTS', ARGV[3]) == 1 and redis.call('EXISTS', KEYS[
       return 0
     end
     redis.call('ZREM', ARGV[3], h)
+    if i == ` + scanBound + ` then return 0 end
   end
 end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then

@@ -1,0 +1,215 @@
+package redis_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/distlock/lock"
+	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/internal/redistest"
+	"github.com/distlock/lock/redis"
+)
+
+// deadPlaces is how many dead entries the tests below put in a queue: the
+// waiters of a key that were killed while queued, whose records expired.
+const deadPlaces = 300_000
+
+// maxScript is the longest one request may keep the server busy. The
+// SLOWLOG's times are wall times, which a loaded machine stretches when
+// it deschedules the server (a bare ZRANGE took 4.5ms once here): the
+// tests check the work per request exactly (entries dropped, requests
+// sent) and the times against this generous bound, which an unbounded
+// search (hundreds of milliseconds for 300,000 dead places) still fails.
+const maxScript = 50 * time.Millisecond
+
+// fillDeadPlaces puts n queue entries with no record at the head of key's
+// queue (scores 1 to n), as waiters killed while queued leave them.
+func fillDeadPlaces(ctx context.Context, t *testing.T, rdb *goredis.Client, key string, n int) {
+	t.Helper()
+	q := redis.KeysOf(redis.DefaultPrefix, key)[4]
+	for i := 0; i < n; {
+		var zs []goredis.Z
+		for ; i < n && len(zs) < 5000; i++ {
+			zs = append(zs, goredis.Z{Score: float64(i + 1), Member: fmt.Sprintf("dead%07d", i)})
+		}
+		if err := rdb.ZAdd(ctx, q, zs...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// watchSlowRequests makes the server log every request over 1ms, from
+// now on, and returns a function that fails t when one took longer than
+// maxScript, and returns the longest and how many took over 10ms.
+func watchSlowRequests(ctx context.Context, t *testing.T, rdb *goredis.Client) func() (time.Duration, int) {
+	t.Helper()
+	for _, kv := range [][2]string{{"slowlog-log-slower-than", "1000"}, {"slowlog-max-len", "10000"}} {
+		if err := rdb.ConfigSet(ctx, kv[0], kv[1]).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := rdb.SlowLogReset(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return func() (time.Duration, int) {
+		t.Helper()
+		logs, err := rdb.SlowLogGet(ctx, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var longest time.Duration
+		over := 0
+		for _, l := range logs {
+			longest = max(longest, l.Duration)
+			if l.Duration > 10*time.Millisecond {
+				over++
+			}
+			if l.Duration > maxScript {
+				t.Errorf("a request kept the server busy %v (over %v): %q", l.Duration, maxScript, l.Args[:min(len(l.Args), 3)])
+			}
+		}
+		return longest, over
+	}
+}
+
+// calls returns how many requests of each name the server has run.
+func calls(ctx context.Context, t *testing.T, rdb *goredis.Client, name string) int64 {
+	t.Helper()
+	var n int64
+	info := rdb.Info(ctx, "commandstats").Val()
+	prefix := "cmdstat_" + name + ":calls="
+	for _, line := range strings.Split(info, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), prefix); ok {
+			n, _ = strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+		}
+	}
+	return n
+}
+
+// TestReleaseBoundedByDeadPlaces: the release of a lock whose queue holds
+// 300,000 dead places before a live one keeps the server busy at most
+// 10ms per request, and the live place is still woken and takes the lock.
+func TestReleaseBoundedByDeadPlaces(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	ctx := context.Background()
+	rdb := newGoRedis(t, srv.Addr)
+	holder := redis.New(rdb)
+	defer holder.Close()
+	tok := holdKey(ctx, t, holder, "k")
+	fillDeadPlaces(ctx, t, rdb, "k", deadPlaces)
+	waiting := redis.New(newGoRedis(t, srv.Addr))
+	defer waiting.Close()
+	w := queueUpOn(ctx, t, waiting, "k")
+	longest := watchSlowRequests(ctx, t, rdb)
+	before := calls(ctx, t, rdb, "evalsha")
+	if err := holder.Release(ctx, "k", tok); err != nil {
+		t.Fatal(err)
+	}
+	// Each request drops at most 500 dead places: the release and its
+	// sweeps took at least 600 requests.
+	if n := calls(ctx, t, rdb, "evalsha") - before; n < deadPlaces/500 {
+		t.Errorf("the release sent %d requests; want at least %d, 500 dead places each at most", n, deadPlaces/500)
+	}
+	w.WakeUp(t, "the live place behind the dead ones")
+	if _, err := w.Q.Acquire(ctx, newQueueToken(), queueTTL); err != nil {
+		t.Fatalf("the woken place's attempt on the free key: %v; want the lock", err)
+	}
+	l, over := longest()
+	t.Logf("longest request: %v; %d over 10ms", l, over)
+	if n := rdb.ZCard(ctx, redis.KeysOf(redis.DefaultPrefix, "k")[4]).Val(); n != 0 {
+		t.Errorf("%d entries left in the queue; want none", n)
+	}
+}
+
+// TestAcquireBoundedByDeadPlaces: on a free key whose queue holds only
+// dead places, each attempt keeps the server busy at most 10ms; attempts
+// answer "locked" while dead places remain to search, and one takes the
+// key within the bound of attempts that the search's bound gives.
+func TestAcquireBoundedByDeadPlaces(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	ctx := context.Background()
+	rdb := newGoRedis(t, srv.Addr)
+	b := redis.New(rdb)
+	defer b.Close()
+	q := redis.KeysOf(redis.DefaultPrefix, "k")[4]
+	for _, via := range []string{"TryAcquire", "a place"} {
+		t.Run(via, func(t *testing.T) {
+			fillDeadPlaces(ctx, t, rdb, "k", deadPlaces)
+			longest := watchSlowRequests(ctx, t, rdb)
+			attempts, limit := 0, deadPlaces/500+2
+			for ; ; attempts++ {
+				if attempts == limit {
+					t.Fatalf("no attempt took the free key in %d attempts", limit)
+				}
+				left := rdb.ZCard(ctx, q).Val()
+				tok := newQueueToken()
+				var err error
+				if via == "TryAcquire" {
+					_, err = b.Acquire(ctx, "k", tok, queueTTL)
+				} else {
+					q, qerr := b.Queue("k")
+					if qerr != nil {
+						t.Fatal(qerr)
+					}
+					_, err = q.Acquire(ctx, tok, queueTTL)
+					q.Close(err == nil)
+				}
+				if err == nil {
+					if err := b.Release(ctx, "k", tok); err != nil {
+						t.Fatal(err)
+					}
+					break
+				}
+				if !errors.Is(err, backend.ErrLocked) {
+					t.Fatalf("attempt %d: %v; want the lock or ErrLocked", attempts, err)
+				}
+				if dropped := left - rdb.ZCard(ctx, q).Val(); dropped > 500 {
+					t.Fatalf("attempt %d dropped %d dead places; want at most 500", attempts, dropped)
+				}
+			}
+			l, over := longest()
+			t.Logf("%d attempts; longest request: %v; %d over 10ms", attempts+1, l, over)
+		})
+	}
+}
+
+// TestWaiterBehindDeadPlacesTakesExpiredKey: a waiter queued behind dead
+// places, on a key whose holder expires without a release (no release
+// sweeps the queue then), still takes the key: its attempts and its
+// refreshes search on, a bounded step each.
+func TestWaiterBehindDeadPlacesTakesExpiredKey(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	ctx := context.Background()
+	rdb := newGoRedis(t, srv.Addr)
+	const ttl = 600 * time.Millisecond
+	holder, err := lock.New(redis.New(rdb), lock.WithTTL(ttl), lock.WithAutoRenew(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	if _, err := holder.TryAcquire(ctx, "k"); err != nil { // left to expire
+		t.Fatal(err)
+	}
+	fillDeadPlaces(ctx, t, rdb, "k", 3*500)
+	waiter, err := lock.New(redis.New(newGoRedis(t, srv.Addr)), lock.WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer waiter.Close()
+	wctx, cancel := context.WithTimeout(ctx, 20*ttl)
+	defer cancel()
+	l, err := waiter.Acquire(wctx, "k")
+	if err != nil {
+		t.Fatalf("a place behind 1,500 dead ones, the holder expired: %v; want the lock", err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
