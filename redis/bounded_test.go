@@ -21,17 +21,9 @@ import (
 // waiters of a key that were killed while queued, whose records expired.
 const deadPlaces = 300_000
 
-// maxScript is the longest one request may keep the server busy. The
-// SLOWLOG's times are wall times, which a loaded machine stretches when
-// it deschedules the server (a bare ZRANGE took 4.5ms once here): the
-// tests check the work per request exactly (entries dropped, requests
-// sent) and the times against this generous bound, which an unbounded
-// search (hundreds of milliseconds for 300,000 dead places) still fails.
-const maxScript = 50 * time.Millisecond
-
 // fillDeadPlaces puts n queue entries with no record at the head of key's
 // queue (scores 1 to n), as waiters killed while queued leave them.
-func fillDeadPlaces(ctx context.Context, t *testing.T, rdb *goredis.Client, key string, n int) {
+func fillDeadPlaces(ctx context.Context, t testing.TB, rdb *goredis.Client, key string, n int) {
 	t.Helper()
 	q := redis.KeysOf(redis.DefaultPrefix, key)[4]
 	for i := 0; i < n; {
@@ -46,9 +38,13 @@ func fillDeadPlaces(ctx context.Context, t *testing.T, rdb *goredis.Client, key 
 }
 
 // watchSlowRequests makes the server log every request over 1ms, from
-// now on, and returns a function that fails t when one took longer than
-// maxScript, and returns the longest and how many took over 10ms.
-func watchSlowRequests(ctx context.Context, t *testing.T, rdb *goredis.Client) func() (time.Duration, int) {
+// now on, and returns a function that returns the longest logged and how
+// many took over 10ms. These are wall times, which a loaded machine
+// stretches when it deschedules the server (a bare ZREM took 109ms here
+// beside other test suites): the tests check the work per request
+// exactly (entries dropped, requests sent) and only log the times;
+// BenchmarkReleaseDeadPlaces reports them.
+func watchSlowRequests(ctx context.Context, t testing.TB, rdb *goredis.Client) func() (time.Duration, int) {
 	t.Helper()
 	for _, kv := range [][2]string{{"slowlog-log-slower-than", "1000"}, {"slowlog-max-len", "10000"}} {
 		if err := rdb.ConfigSet(ctx, kv[0], kv[1]).Err(); err != nil {
@@ -71,16 +67,13 @@ func watchSlowRequests(ctx context.Context, t *testing.T, rdb *goredis.Client) f
 			if l.Duration > 10*time.Millisecond {
 				over++
 			}
-			if l.Duration > maxScript {
-				t.Errorf("a request kept the server busy %v (over %v): %q", l.Duration, maxScript, l.Args[:min(len(l.Args), 3)])
-			}
 		}
 		return longest, over
 	}
 }
 
 // calls returns how many requests of each name the server has run.
-func calls(ctx context.Context, t *testing.T, rdb *goredis.Client, name string) int64 {
+func calls(ctx context.Context, t testing.TB, rdb *goredis.Client, name string) int64 {
 	t.Helper()
 	var n int64
 	info := rdb.Info(ctx, "commandstats").Val()
@@ -94,8 +87,8 @@ func calls(ctx context.Context, t *testing.T, rdb *goredis.Client, name string) 
 }
 
 // TestReleaseBoundedByDeadPlaces: the release of a lock whose queue holds
-// 300,000 dead places before a live one keeps the server busy at most
-// 10ms per request, and the live place is still woken and takes the lock.
+// 300,000 dead places before a live one drops them 500 at most per
+// request, and the live place is still woken and takes the lock.
 func TestReleaseBoundedByDeadPlaces(t *testing.T) {
 	srv := redistest.Start(t, redistest.NoPersistence)
 	ctx := context.Background()
@@ -129,7 +122,7 @@ func TestReleaseBoundedByDeadPlaces(t *testing.T) {
 }
 
 // TestAcquireBoundedByDeadPlaces: on a free key whose queue holds only
-// dead places, each attempt keeps the server busy at most 10ms; attempts
+// dead places, each attempt drops 500 of them at most; attempts
 // answer "locked" while dead places remain to search, and one takes the
 // key within the bound of attempts that the search's bound gives.
 func TestAcquireBoundedByDeadPlaces(t *testing.T) {
@@ -212,4 +205,46 @@ func TestWaiterBehindDeadPlacesTakesExpiredKey(t *testing.T) {
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// BenchmarkReleaseDeadPlaces measures how long the server is busy with
+// one request while a release goes through 300,000 dead places before a
+// live one: the longest request in the SLOWLOG (max-ms) and the requests
+// over 10ms (over-10ms), per release.
+func BenchmarkReleaseDeadPlaces(b *testing.B) {
+	srv := redistest.Start(b, redistest.NoPersistence)
+	ctx := context.Background()
+	rdb := newGoRedis(b, srv.Addr)
+	holder := redis.New(rdb)
+	defer holder.Close()
+	var longest time.Duration
+	over := 0
+	for b.Loop() {
+		b.StopTimer()
+		tok := newQueueToken()
+		if _, err := holder.Acquire(ctx, "k", tok, queueTTL); err != nil {
+			b.Fatal(err)
+		}
+		fillDeadPlaces(ctx, b, rdb, "k", deadPlaces)
+		q, err := holder.Queue("k")
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := q.Acquire(ctx, newQueueToken(), queueTTL); !errors.Is(err, backend.ErrLocked) {
+			b.Fatalf("a place's attempt on the held key: %v; want ErrLocked", err)
+		}
+		slow := watchSlowRequests(ctx, b, rdb)
+		b.StartTimer()
+		if err := holder.Release(ctx, "k", tok); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		l, n := slow()
+		longest, over = max(longest, l), over+n
+		q.Close(false)
+		rdb.Del(ctx, redis.KeysOf(redis.DefaultPrefix, "k")[4])
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(longest)/float64(time.Millisecond), "max-ms")
+	b.ReportMetric(float64(over)/float64(b.N), "over-10ms/op")
 }
