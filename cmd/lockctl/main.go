@@ -5,6 +5,7 @@
 //	export LOCK_BACKEND=redis://localhost:6379     # or redis://:PASSWORD@host:6379
 //	lockctl run nightly-report -- ./report.sh
 //	lockctl status nightly-report
+//	lockctl break nightly-report                   # a stuck lock: shows its holder, asks, removes it
 //	lockctl bench
 //	lockctl init-nodes --backend-file /run/secrets/lock-url  # once, new Redlock deployment
 //	lockctl migrate check --keys-file keys.txt     # LOCK_BACKEND=migrate://?from=...&to=...&phase=2
@@ -54,14 +55,29 @@
 // the next phase: whether no holder is left on a store that phase drops.
 // The stores cannot list their keys, so the keys must be named.
 //
+// lockctl break removes a stuck lock. It reads the key's holder, shows
+// it (whole token, the store's fence, the time the store gives it) and
+// asks "remove it? [y/N]" on stderr, unless --yes is given. The answer
+// is a line of standard input, read whether or not it is a terminal, so
+// that "echo y | lockctl break KEY" works; anything but y or yes, or no
+// line at all, removes nothing, and so does a holder that changed while
+// the question waited (it is read again). The lock is released with its
+// holder's token, as the holder would release it, not deleted: the fence
+// counter is kept, so later fences are above the removed holder's, and a
+// holder that changed since it was read is left alone. In phases 2 and 3
+// of a migrate:// URL it shows and removes the holder on each store.
+//
 // Exit status: for run, the command's own status (128+N when signal N ended
 // it), 127 when the command is not found and 126 when it cannot be
 // executed (as a shell says); for migrate check, 0 when every key is
-// clear and 1 when one is not; 2 for bad usage (flags, key, URL, unknown
-// scheme); 75 when run could not get the lock because another owner held
-// it (at once with --no-wait, or still when --timeout ran out); 76 when run
-// lost the lock, or its renewals failed, while the command ran (the
-// command was stopped); 69 when the backend failed: it could not be
+// clear and 1 when one is not; for break, 0 when every holder found was
+// removed and 1 when a holder was not removed for a reason of the lock's
+// (the key was free, the answer was not yes, the holder changed before
+// the release, or its token is not one of this library's); 2 for bad
+// usage (flags, key, URL, unknown scheme); 75 when run could not get the
+// lock because another owner held it (at once with --no-wait, or still
+// when --timeout ran out); 76 when run lost the lock, or its renewals
+// failed, while the command ran (the command was stopped); 69 when the backend failed: it could not be
 // reached, did not answer in time, or returned an error.
 //
 // run starts the command in a process group of its own and signals the
@@ -94,6 +110,7 @@ import (
 const (
 	exitOK          = 0
 	exitNotClear    = 1 // migrate check: a key is not clear for the next phase
+	exitNotBroken   = 1 // break: a holder was not removed (none held, not confirmed, the holder changed)
 	exitUsage       = 2
 	exitBackend     = 69
 	exitNotAcquired = 75
@@ -131,6 +148,8 @@ const usage = `usage: lockctl <command> [flags] [args]
 commands:
   run     [BACKEND] [--ttl D] [--wait|--no-wait] [--timeout D] [--grace D] [--keep-backend-env] KEY -- CMD [ARGS...]
   status  [BACKEND] KEY
+  break   [BACKEND] [--yes] KEY   (remove a stuck lock by its holder's token, the
+          fence counter kept; asks first unless --yes; exit 1 when not removed)
   demo    [BACKEND] [--buyers N] [--units N]
   bench   [BACKEND] [--duration D]
   init-nodes [BACKEND]   (once, for a new Redlock deployment: redlock://...)
@@ -164,6 +183,8 @@ func (e *environment) command(ctx context.Context, args []string) int {
 		return e.run(ctx, args[1:])
 	case "status":
 		return e.status(ctx, args[1:])
+	case "break":
+		return e.breakLock(ctx, args[1:])
 	case "demo":
 		return e.demo(ctx, args[1:])
 	case "bench":
@@ -179,11 +200,11 @@ func (e *environment) command(ctx context.Context, args []string) int {
 		fmt.Fprint(e.stdout, usage+strings.Join(lock.Schemes(), ", ")+"\n")
 		return exitOK
 	}
-	return e.usageError("", "unknown command %s; valid: run, status, demo, bench, init-nodes, migrate, version", quoted(argText(args[0])))
+	return e.usageError("", "unknown command %s; valid: run, status, break, demo, bench, init-nodes, migrate, version", quoted(argText(args[0])))
 }
 
 type environment struct {
-	stdin          io.Reader // read by migrate check --keys-file -
+	stdin          io.Reader // read by migrate check --keys-file - and by break's question
 	stdout, stderr io.Writer
 	getenv         func(string) string
 	rawURL         string // the backend URL, whose secrets are cut out of every message (see backend)

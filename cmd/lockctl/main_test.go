@@ -73,7 +73,7 @@ func TestBadUsageIsOneLineAndStatus2(t *testing.T) {
 		want string
 	}{
 		{nil, "usage: lockctl"},
-		{[]string{"frobnicate"}, `unknown command "frobnicate"; valid: run, status, demo, bench`},
+		{[]string{"frobnicate"}, `unknown command "frobnicate"; valid: run, status, break, demo, bench`},
 		{[]string{"run", "--bogus", "k", "--", "true"}, "valid flags: --backend"},
 		{[]string{"run", "--backend", "nosuch://x", "k", "--", "true"}, "registered: consul, consuls, etcd, etcds, mem, migrate, redis"},
 		{[]string{"run", "--backend", "redis://localhost:6379?colour=red", "k", "--", "true"}, `unknown query parameter "colour"`},

@@ -136,6 +136,7 @@ func schemelessURLs(t *testing.T) map[string]string {
 var secretCommands = map[string][]string{
 	"run":        {"run", "--timeout", "200ms"},
 	"status":     {"status"},
+	"break":      {"break", "--yes"},
 	"demo":       {"demo", "--buyers", "2", "--units", "1"},
 	"bench":      {"bench", "--duration", "50ms"},
 	"init-nodes": {"init-nodes"},
@@ -145,6 +146,7 @@ var secretCommands = map[string][]string{
 var secretCommandTail = map[string][]string{
 	"run":    {"job", "--", "true"},
 	"status": {"job"},
+	"break":  {"job"},
 }
 
 // No output of lockctl holds a secret of the backend URL: every
