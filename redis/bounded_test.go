@@ -248,3 +248,64 @@ func BenchmarkReleaseDeadPlaces(b *testing.B) {
 	b.ReportMetric(float64(longest)/float64(time.Millisecond), "max-ms")
 	b.ReportMetric(float64(over)/float64(b.N), "over-10ms/op")
 }
+
+// TestQueueCapped: with WithMaxWaiters(1), a second place finds the queue
+// full: it neither queues nor writes a record, and its waiter still gets
+// the key, by polling, once the first is done.
+func TestQueueCapped(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	ctx := context.Background()
+	rdb := newGoRedis(t, srv.Addr)
+	ks := redis.KeysOf(redis.DefaultPrefix, "k")
+	holder := redis.New(rdb, redis.WithMaxWaiters(1))
+	defer holder.Close()
+	tok := holdKey(ctx, t, holder, "k")
+	firstB := redis.New(newGoRedis(t, srv.Addr), redis.WithMaxWaiters(1))
+	defer firstB.Close()
+	first := queueUpOn(ctx, t, firstB, "k")
+
+	second := redis.New(newGoRedis(t, srv.Addr), redis.WithMaxWaiters(1))
+	defer second.Close()
+	q, err := second.Queue("k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Acquire(ctx, newQueueToken(), queueTTL); !errors.Is(err, backend.ErrLocked) {
+		t.Fatalf("a place's attempt on a held key with a full queue: %v; want ErrLocked", err)
+	}
+	if n := rdb.ZCard(ctx, ks[4]).Val(); n != 1 {
+		t.Fatalf("%d places queued; want 1 (the cap)", n)
+	}
+	if recs := rdb.Keys(ctx, ks[0]+":w:*").Val(); len(recs) != 1 {
+		t.Fatalf("records %v; want the first place's alone", recs)
+	}
+	q.Close(false)
+
+	// End to end: a waiter over the cap polls and gets the key after the
+	// first waiter had it.
+	c, err := lock.New(second, lock.WithTTL(queueTTL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	got := make(chan error, 1)
+	go func() {
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		l, err := c.Acquire(wctx, "k")
+		if err == nil {
+			err = l.Release(ctx)
+		}
+		got <- err
+	}()
+	if err := holder.Release(ctx, "k", tok); err != nil {
+		t.Fatal(err)
+	}
+	h := first.Handed(t, "the queued waiter")
+	if err := holder.Release(ctx, "k", h.Token); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("the waiter over the cap: %v; want the key once the queue had room", err)
+	}
+}

@@ -97,12 +97,14 @@ var (
 	// placeAcquireScript: KEYS = lock, fence, dead token, next, queue,
 	// record[, the slot's fence counter]; ARGV = token, ttl ms, place id,
 	// the place's previous token ('' for none), record prefix, the place's
-	// channel. Returns {the fence} (> 0) when it took the lock, or {minus
+	// channel, the most places that may queue. Returns {the fence} (> 0) when it took the lock, or {minus
 	// the holder's PTTL (<= 0), 1 when the place is first in the queue,
 	// else 0} after queueing the place ({0, 0} when the key is free but
 	// others queue first: the script wakes the first of them; {0, 2} when
 	// the key is free and the search for the first live place stopped at
-	// its bound: try again), or the
+	// its bound: try again; {minus the holder's PTTL, 3} when the place is
+	// not queued and ARGV[7] places queue already: it neither queues nor
+	// writes its record, see WithMaxWaiters), or the
 	// error DEAD for a released token. A record's value is the token and
 	// the place's channel, separated by a space.
 	//
@@ -178,6 +180,12 @@ if not v then
   end
 elseif string.byte(v, -1) ~= 43 then
   redis.call('APPEND', KEYS[1], '+')
+end
+if not redis.call('ZSCORE', KEYS[5], ARGV[3]) and redis.call('ZCARD', KEYS[5]) >= tonumber(ARGV[7]) then
+  local p = 0
+  if v then p = redis.call('PTTL', KEYS[1]) end
+  if p < 0 then p = 0 end
+  return {-p, 3}
 end
 redis.call('SET', KEYS[6], ARGV[1] .. ' ' .. ARGV[6], 'PX', ARGV[2])
 local first = 0
@@ -319,6 +327,28 @@ end
 return 0`)
 )
 
+// DefaultMaxWaiters is how many places may queue for one key unless
+// WithMaxWaiters says otherwise.
+const DefaultMaxWaiters = 65536
+
+// WithMaxWaiters caps the places queued for one key (default
+// DefaultMaxWaiters; a value below 1 counts as 1). A waiter that finds the queue full does not queue and is
+// not woken by releases: it polls, trying again when the holder's lock
+// expires, at most every second and at least 10ms apart, until it finds
+// room in the queue (and then queues) or the key free with nobody queued.
+// The cap bounds the store's memory per key (a place costs about 150
+// bytes: its queue entry and record); each request's work is bounded
+// whatever the queue holds (see Bounded work). Redlock does not queue.
+func WithMaxWaiters(n int) Option {
+	return func(o *options) { o.maxWaiters = max(n, 1) }
+}
+
+// overFullPoll is when a waiter that found the queue full tries again:
+// at the holder's expiry (left), within 10ms to 1s.
+func overFullPoll(left time.Duration) time.Duration {
+	return min(max(left+time.Millisecond, 10*time.Millisecond), time.Second)
+}
+
 // Queue implements backend.Queuer. It sends nothing: the place's Acquire
 // does.
 func (b *Backend) Queue(key string) (backend.Queue, error) {
@@ -378,7 +408,7 @@ func (p *place) Attempt(ctx context.Context, a waitq.Attempt) (waitq.Result, err
 		subscribed = true
 	}
 	sent := time.Now()
-	out, err := b.batch.run(ctx, placeAcquireScript, p.acquireKeys(a.Token), a.Token, ms(a.TTL), p.id, a.Prev, recordPrefixOf(p.lk), ch).Int64Slice()
+	out, err := b.batch.run(ctx, placeAcquireScript, p.acquireKeys(a.Token), a.Token, ms(a.TTL), p.id, a.Prev, recordPrefixOf(p.lk), ch, b.opts.maxWaiters).Int64Slice()
 	if err == nil && (len(out) == 0 || len(out) > 2 || (out[0] <= 0) != (len(out) == 2)) {
 		err = fmt.Errorf("unexpected script reply %v", out)
 	}
@@ -389,6 +419,12 @@ func (p *place) Attempt(ctx context.Context, a waitq.Attempt) (waitq.Result, err
 		return waitq.Result{Grant: backend.Grant{Fence: uint64(out[0]), TTL: granted(a.TTL)}}, nil
 	}
 	left := time.Duration(-out[0]) * time.Millisecond
+	if out[1] == 3 {
+		// The queue is full: poll, until there is room (see
+		// WithMaxWaiters). Refused without queueing, the place is as it
+		// was.
+		return waitq.Result{RetryIn: overFullPoll(left)}, backend.Locked(left)
+	}
 	res := waitq.Result{Queued: true, Refreshed: sent}
 	switch {
 	case out[1] == 1 && out[0] < 0:

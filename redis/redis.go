@@ -263,9 +263,12 @@ type options struct {
 	ownClients   bool
 	fewNodes     bool
 	slotFences   bool
+	maxWaiters   int // see WithMaxWaiters, in queue.go
 }
 
-func defaultOptions() options { return options{prefix: DefaultPrefix, maxTTL: DefaultMaxTTL} }
+func defaultOptions() options {
+	return options{prefix: DefaultPrefix, maxTTL: DefaultMaxTTL, maxWaiters: DefaultMaxWaiters}
+}
 
 // DefaultMaxTTL is the longest TTL a Redlock grants unless WithMaxTTL says
 // otherwise.
