@@ -46,6 +46,9 @@ type batcher struct {
 	rdb  Client
 	pipe pipeliner // nil: no pipelining
 	proc processor // nil: the client cannot send a request only once (see runOnce)
+	// renewals says how queued renewals may share one script (see
+	// renewBatch): one script for all, one per Cluster hash slot, or none.
+	renewals coalescing
 	// deadlines is true when rdb ends a socket read or write at the
 	// call's context deadline (go-redis's ContextTimeoutEnabled).
 	deadlines bool
@@ -83,6 +86,12 @@ func newBatcher(rdb Client, owned bool) *batcher {
 	}
 	if p, ok := rdb.(processor); ok {
 		b.proc = p
+	}
+	switch rdb.(type) {
+	case *goredis.Client:
+		b.renewals = coalesceAll
+	case *goredis.ClusterClient:
+		b.renewals = coalesceBySlot
 	}
 	return b
 }
@@ -288,6 +297,10 @@ func (b *batcher) sendOne(batch []*call) {
 	ctx, cancel := batchContext(live)
 	defer cancel()
 	p := b.pipe.Pipeline()
+	live, groups := b.groupRenewals(live)
+	for _, g := range groups {
+		g.send(ctx, p)
+	}
 	for _, c := range live {
 		if c.once && b.proc != nil {
 			// A pipeline that holds a request to send once is not
@@ -299,6 +312,9 @@ func (b *batcher) sendOne(batch []*call) {
 		}
 	}
 	_, _ = p.Exec(ctx) // each call's error is on its own command
+	for _, g := range groups {
+		g.deliver(ctx, b)
+	}
 	for _, c := range live {
 		if goredis.HasErrorPrefix(c.cmd.Err(), "NOSCRIPT") {
 			// The server's script cache was flushed: the script did

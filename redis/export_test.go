@@ -41,3 +41,10 @@ func NodeTLSConfigs(r *Redlock) []*tls.Config {
 	}
 	return out
 }
+
+// QueuedCalls returns how many calls wait in b's batcher for the wire.
+func QueuedCalls(b *Backend) int {
+	b.batch.mu.Lock()
+	defer b.batch.mu.Unlock()
+	return len(b.batch.queue)
+}

@@ -1,0 +1,145 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// Batched renewals. When renewals queue in the batcher (the wire is busy:
+// many leases renew at once), the ones that can share a script go to the
+// server as one renewBatchScript of up to maxRenewBatch renewals instead of
+// one renewScript each. A script call costs the server several times what
+// its commands do (its arguments, its Lua state, one reply), and a renewal
+// needs only a GET and a PEXPIRE or two: sharing the call is what lets one
+// redis-server keep hundreds of thousands of leases.
+//
+// Why it keeps the promise: each renewal in the batch is the renewScript
+// it replaces, run for its own key and token, with its own TTL, and its
+// caller gets its own answer (renewed, or not held): one lost key is
+// reported lost and the others renewed. The batch runs atomically, as a
+// pipeline's scripts run one after another, so no other request sees a
+// renewal half done; the server runs it when it would have run the first
+// of them, and every caller counts its lease's deadline from its own send
+// time, which is before the batch's. A batch whose reply is lost fails
+// every renewal in it with the same error, as a pipeline does: each
+// caller's outcome is unknown, and a renewal, sent again or not, never
+// takes a free key. Keys of different hash slots never share a script on
+// Cluster (the server would refuse it), and a Ring (which shards by key)
+// sends renewals one by one.
+
+// coalescing says which queued renewals may share a script.
+type coalescing int
+
+const (
+	coalesceNone   coalescing = iota // each renewal its own script
+	coalesceAll                      // one server: any renewals
+	coalesceBySlot                   // Cluster: renewals of one hash slot
+)
+
+// maxRenewBatch bounds the renewals of one script: its work on the server
+// (about 2µs a renewal) stays far below a millisecond.
+const maxRenewBatch = 256
+
+// renewBatchScript: KEYS = each renewal's keys (renewScript's: the lock
+// first), one after another; ARGV = for each renewal: token, ttl ms, how
+// many keys. Returns a list with each renewal's answer, as renewScript's.
+var renewBatchScript = goredis.NewScript(`
+local out = {}
+local k = 1
+for i = 1, #ARGV, 3 do
+  local t = ARGV[i]
+  local n = tonumber(ARGV[i + 2])
+  local v = redis.call('GET', KEYS[k])
+  if v == t or v == t .. '+' then
+    for j = k + 1, k + n - 1 do
+      redis.call('PEXPIRE', KEYS[j], ARGV[i + 1])
+    end
+    out[#out + 1] = redis.call('PEXPIRE', KEYS[k], ARGV[i + 1])
+  else
+    out[#out + 1] = 0
+  end
+  k = k + n
+end
+return out`)
+
+// renewGroup is queued renewals sent as one renewBatchScript.
+type renewGroup struct {
+	calls []*call
+	cmd   *goredis.Cmd
+}
+
+// groupRenewals takes the renewals that can share a script out of batch:
+// groups of two to maxRenewBatch, by hash slot on Cluster. It returns the
+// calls left to send one by one, and the groups.
+func (b *batcher) groupRenewals(batch []*call) ([]*call, []*renewGroup) {
+	if b.renewals == coalesceNone {
+		return batch, nil
+	}
+	bySlot := map[int][]*call{}
+	var rest []*call
+	for _, c := range batch {
+		if c.script != renewScript || c.once {
+			rest = append(rest, c)
+			continue
+		}
+		slot := 0
+		if b.renewals == coalesceBySlot {
+			slot = hashSlot(c.keys[0])
+		}
+		bySlot[slot] = append(bySlot[slot], c)
+	}
+	var groups []*renewGroup
+	for _, cs := range bySlot {
+		for len(cs) > 0 {
+			n := min(len(cs), maxRenewBatch)
+			if n == 1 {
+				rest = append(rest, cs[0])
+			} else {
+				groups = append(groups, &renewGroup{calls: cs[:n:n]})
+			}
+			cs = cs[n:]
+		}
+	}
+	return rest, groups
+}
+
+// args returns the group's keys and arguments.
+func (g *renewGroup) args() ([]string, []any) {
+	var keys []string
+	args := make([]any, 0, 3*len(g.calls))
+	for _, c := range g.calls {
+		keys = append(keys, c.keys...)
+		args = append(args, c.args[0], c.args[1], len(c.keys))
+	}
+	return keys, args
+}
+
+// send puts the group's script in the pipeline.
+func (g *renewGroup) send(ctx context.Context, p goredis.Pipeliner) {
+	keys, args := g.args()
+	g.cmd = renewBatchScript.EvalSha(ctx, p, keys, args...)
+}
+
+// deliver gives each call of the group its own answer, or the group's
+// error, and ends it.
+func (g *renewGroup) deliver(ctx context.Context, b *batcher) {
+	if goredis.HasErrorPrefix(g.cmd.Err(), "NOSCRIPT") {
+		keys, args := g.args()
+		g.cmd = b.runScript(ctx, renewBatchScript, keys, args, false)
+	}
+	res, err := g.cmd.Int64Slice()
+	if err == nil && len(res) != len(g.calls) {
+		err = fmt.Errorf("redis: batched renewal: %d answers for %d renewals", len(res), len(g.calls))
+	}
+	for i, c := range g.calls {
+		c.cmd = goredis.NewCmd(c.ctx)
+		if err != nil {
+			c.cmd.SetErr(err)
+		} else {
+			c.cmd.SetVal(res[i])
+		}
+		close(c.done)
+	}
+}

@@ -1,0 +1,82 @@
+package redis_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/conformance/faultproxy"
+	"github.com/distlock/lock/internal/redistest"
+	"github.com/distlock/lock/redis"
+)
+
+// TestRenewalsShareAScript: renewals that queue while the wire is busy
+// go to the server as one script, and each caller gets its own answer: a
+// lease whose key another token took is reported not held, the others
+// are renewed.
+func TestRenewalsShareAScript(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	ctx := context.Background()
+	direct := newGoRedis(t, srv.Addr)
+	px := faultproxy.Start(t, srv.Addr)
+	b := redis.New(newGoRedis(t, px.Addr))
+	defer b.Close()
+
+	const n, stolen = 64, 7
+	toks := make([]string, n)
+	for i := range toks {
+		toks[i] = newQueueToken()
+		if _, err := b.Acquire(ctx, fmt.Sprint("k", i), toks[i], time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lk := redis.KeysOf(redis.DefaultPrefix, fmt.Sprint("k", stolen))[0]
+	if err := direct.Set(ctx, lk, "another owner's token", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	before := calls(ctx, t, direct, "evalsha")
+	px.Hold(faultproxy.ToClient) // the first requests wait on the wire; the rest queue
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range toks {
+		wg.Go(func() {
+			_, errs[i] = b.Renew(ctx, fmt.Sprint("k", i), toks[i], 2*time.Minute)
+		})
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for redis.QueuedCalls(b) < n-4 {
+		select {
+		case <-wctx.Done():
+			t.Fatalf("%d renewals queued; want %d behind the 4 on the wire", redis.QueuedCalls(b), n-4)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	px.Deliver(faultproxy.ToClient)
+	wg.Wait()
+
+	for i, err := range errs {
+		switch {
+		case i == stolen && !errors.Is(err, backend.ErrNotHeld):
+			t.Errorf("the renewal of the key another token took: %v; want ErrNotHeld", err)
+		case i != stolen && err != nil:
+			t.Errorf("renewal %d: %v; want it renewed", i, err)
+		case i != stolen:
+			k := redis.KeysOf(redis.DefaultPrefix, fmt.Sprint("k", i))[0]
+			if ttl := direct.PTTL(ctx, k).Val(); ttl <= time.Minute {
+				t.Errorf("renewal %d answered renewed, but the lock's TTL is %v; want over a minute", i, ttl)
+			}
+		}
+	}
+	if sent := calls(ctx, t, direct, "evalsha") - before; sent > 8 {
+		t.Errorf("the server ran %d scripts for %d renewals; want the queued ones to share one (at most 8)", sent, n)
+	}
+	if got := direct.Get(ctx, lk).Val(); got != "another owner's token" {
+		t.Errorf("the other owner's lock now holds %q", got)
+	}
+}
