@@ -29,16 +29,19 @@
 // lock's expiry is the waiter's record's remaining expiry, and the record
 // lives at most the waiter's own TTL (at most WithMaxTTL) after its latest
 // attempt or refresh. A waiter whose process dies while queued thus
-// delays the others by at most its TTL: a release hands it the lock,
-// which expires at most its TTL after its last refresh (before it died),
-// and the waiter behind it, first now, learns that expiry from its own
-// refresh (every third of its own TTL) and takes the key then, within the
-// longer of the two (the dead waiter's TTL, a third of its own) after the
-// release, plus a round trip. If the holder before it expired instead of
-// releasing, nothing is handed over: the dead waiter's place stays first
-// until its record expires, and the one behind it takes the key at its
-// next attempt after that, which package lock makes at least every
-// max(its own TTL, lock.WithBackoff's maximum): at most that much later.
+// delays the one behind it by at most its TTL when the holder releases,
+// and by its TTL plus the next waiter's (or lock.WithBackoff's maximum,
+// if longer) when the holder dies too (both bounded by WithMaxTTL). A release hands the dead waiter the lock, which
+// expires at most its TTL after its last refresh (before it died), and
+// the waiter behind it, first now, learns that expiry from its own
+// refresh (every third of its own TTL) and takes the key then: within
+// max(the dead waiter's TTL, a third of its own) after the release, plus
+// a round trip. If the holder's lock expires instead, nothing is handed
+// over: the dead waiter's place stays first until its record expires,
+// and the one behind it, which learns nothing from its refreshes, takes
+// the key at its next attempt, which package lock makes at least every
+// max(its own TTL, lock.WithBackoff's maximum): at most that long after
+// both the holder's lock and the dead waiter's record expired.
 // Redlock does not queue: its waiters subscribe to release messages and
 // wake at once instead of polling. Scripts run with EVALSHA and fall back
 // to EVAL when the server's script cache was flushed. An acquire that
