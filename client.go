@@ -189,7 +189,7 @@ func (c *Client) checkTTL(cfg *config) error {
 		return invalid(ErrInvalidTTL, "TTL %v is below this backend's minimum of %v", ttl, c.caps.MinTTL)
 	}
 	if c.caps.MaxTTL > 0 && ttl > c.caps.MaxTTL {
-		return invalid(ErrInvalidTTL, "TTL %v is above this backend's maximum of %v", ttl, c.caps.MaxTTL)
+		return invalid(ErrInvalidTTL, "TTL %v is above this backend's maximum of %v; use a shorter TTL (auto-renew keeps a lease longer), or raise the maximum (this module's backends: WithMaxTTL, or the URL parameter maxttl)", ttl, c.caps.MaxTTL)
 	}
 	if d := cfg.driftFor(ttl); d >= ttl {
 		return invalid(ErrInvalidTTL, "TTL %v leaves no validity after the drift allowance of %v; use a TTL above %v or a smaller WithDrift", ttl, d, d)

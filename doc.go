@@ -37,9 +37,15 @@
 //     notification), otherwise backs off with jitter; it never sleeps longer
 //     than the holder's remaining TTL where the store reports it. When its
 //     context ends it returns the context's error and leaves nothing behind.
-//   - Bad input (empty or oversized key, TTL <= 0 or below the backend's
-//     minimum, out-of-range options, a closed or nil Client) returns an error
-//     wrapping ErrInvalid or ErrClosed and changes nothing.
+//   - Bad input (empty or oversized key, TTL <= 0, below the backend's
+//     minimum or above its maximum, out-of-range options, a closed or nil
+//     Client) returns an error wrapping ErrInvalid or ErrClosed and changes
+//     nothing.
+//   - Every backend of this module has a maximum TTL, DefaultMaxTTL (1m)
+//     unless its WithMaxTTL option or URL parameter maxttl says otherwise:
+//     it bounds how long a holder that crashed, or a waiter killed while
+//     queued, blocks a key. A waiter is never handed a lock for longer than
+//     it asked for.
 //
 // # URLs
 //

@@ -140,5 +140,5 @@ func ExampleOpen() {
 	fmt.Println(err)
 	// Output:
 	// 30s true
-	// lock: Open mem://example?tll=30s: unknown query parameter "tll" for scheme mem; valid: autorenew, drift, maxhold, ttl
+	// lock: Open mem://example?tll=30s: unknown query parameter "tll" for scheme mem; valid: autorenew, drift, maxhold, maxttl, ttl
 }

@@ -460,7 +460,7 @@ func TestOpen(t *testing.T) {
 		is        error
 	}{
 		{"nosuch://x", "registered: mem", lock.ErrUnknownScheme},
-		{"mem://x?color=red", "valid: autorenew, drift, maxhold, ttl", lock.ErrInvalidOption},
+		{"mem://x?color=red", "valid: autorenew, drift, maxhold, maxttl, ttl", lock.ErrInvalidOption},
 		{"mem://x?ttl=soon", "want a Go duration", lock.ErrInvalidOption},
 		{"mem://x?ttl=-1s", "must be > 0", lock.ErrInvalidTTL},
 		{"mem://x?autorenew=maybe", "want true or false", lock.ErrInvalidOption},

@@ -77,6 +77,18 @@ func DefaultDrift(ttl time.Duration) time.Duration {
 // overflows (a Redis expiry in the past, an etcd lease of 1s).
 const MaxTTL = 365 * 24 * time.Hour
 
+// DefaultMaxTTL is the default maximum TTL of every backend of this
+// module (Capabilities.MaxTTL; each backend's WithMaxTTL option and URL
+// parameter maxttl set another, up to MaxTTL). It is the longest a key
+// stays blocked by a holder that crashed, or by a waiter killed while
+// queued that the store hands the lock to: a TTL typed as 1h instead of
+// 1m would otherwise keep everyone out for an hour after such a crash. A
+// lease lives longer than its TTL by renewal (auto-renew), so a minute
+// bounds the damage without bounding the work. Redlock needs a maximum
+// for another reason too: a node that comes back empty waits it out
+// before it votes again.
+const DefaultMaxTTL = time.Minute
+
 // WithTTL sets how long the store keeps a lock without renewal. Valid: > 0,
 // at most MaxTTL, within the backend's minimum and maximum, and longer
 // than the drift allowance.

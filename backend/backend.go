@@ -320,9 +320,12 @@ type Capabilities struct {
 	MinTTL time.Duration
 	// MaxTTL is the longest TTL the store accepts; 0 means no limit.
 	// Package lock rejects longer ones with ErrInvalid before calling the
-	// backend. (Redlock bounds it: a node that comes back empty waits
-	// MaxTTL before it votes again, so that every lock it forgot has
-	// expired.)
+	// backend. Every backend of this module has one (lock.DefaultMaxTTL
+	// unless its WithMaxTTL or URL parameter maxttl says otherwise): it
+	// bounds how long a crashed holder, or a killed waiter handed the
+	// lock, blocks a key. (Redlock needs it besides: a node that comes
+	// back empty waits MaxTTL before it votes again, so that every lock it
+	// forgot has expired.)
 	MaxTTL time.Duration
 	// Granularity is the unit the store rounds TTLs up to (1ms for Redis
 	// PX, 1s for etcd leases). Zero means exact.

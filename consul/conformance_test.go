@@ -80,7 +80,7 @@ func (o *owns) Close() error {
 
 func (h *harness) NewBackend(context.Context) (backend.Backend, error) {
 	px := faultproxy.Start(h.t, h.agent.Addr)
-	b, _ := newBackend(h.t, px.Addr)
+	b, _ := newBackend(h.t, px.Addr, consul.WithMaxTTL(harnessMaxTTL))
 	b.px, b.hooks = px, &h.Hooks
 	h.Add(b, px)
 	return b, nil
@@ -88,14 +88,20 @@ func (h *harness) NewBackend(context.Context) (backend.Backend, error) {
 
 func (h *harness) Capabilities() backend.Capabilities {
 	cli, _ := client(h.t, h.agent.Addr)
-	b, _ := consul.New(cli, consul.WithMinTTL(consultest.MinTTL))
+	b, _ := consul.New(cli, consul.WithMinTTL(consultest.MinTTL), consul.WithMaxTTL(harnessMaxTTL))
 	return b.Capabilities()
 }
 
+// harnessMaxTTL is the harness's maximum TTL, raised from the default
+// (consul.DefaultMaxTTL): above every TTL the suite uses (ManyKeys takes
+// 2m, so that none of its 10,000 leases needs a renewal).
+const harnessMaxTTL = 10 * time.Minute
+
 // ContenderURL implements conformance.ProcessContenders: helper processes
-// reach the agent directly, with the agents' minimum session TTL.
+// reach the agent directly, with the agents' minimum session TTL and the
+// harness's maximum TTL.
 func (h *harness) ContenderURL(context.Context) (string, error) {
-	return fmt.Sprintf("consul://%s?minttl=%v", h.agent.Addr, consultest.MinTTL), nil
+	return fmt.Sprintf("consul://%s?minttl=%v&maxttl=%v", h.agent.Addr, consultest.MinTTL, harnessMaxTTL), nil
 }
 
 func (h *harness) Pause(context.Context) error  { h.agent.Stop(); return nil }

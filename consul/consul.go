@@ -34,7 +34,11 @@
 // release hands the lock to the oldest record's session in one transaction
 // (unlock, lock for the waiter, check and mark the record), so one release
 // wakes one waiter, which holds the lock without a request of its own; its
-// validity counts from its own latest session renewal. A waiter whose
+// validity counts from its own latest session renewal. A waiter is never
+// handed a lock for longer than it asked for: the handed lock is held by
+// the waiter's own session, whose TTL comes from the waiter's TTL (a
+// quarter longer, as for a lock it takes itself), and which Consul keeps
+// at most twice that after the waiter's latest renewal. A waiter whose
 // session went is never handed the lock from its record. Acquires that do
 // not wait (TryAcquire) are not queued and may take a free key before the
 // queue: the order is not FIFO.
@@ -53,7 +57,9 @@
 //	                 | global, strictly increasing, durable with the
 //	                 | servers' Raft log (a server restart keeps it)
 //	TTL              | from WithMinTTL (the servers' session_ttl_min,
-//	                 | default 10s) to 24h; not rounded
+//	                 | default 10s) to WithMaxTTL (default DefaultMaxTTL,
+//	                 | 1m; at most 24h, Consul's longest session TTL);
+//	                 | not rounded
 //	expiry           | a lock's session has a TTL a quarter longer than the
 //	                 | lock's; Consul expires a session between its TTL and
 //	                 | twice its TTL after the last renewal, and a new
@@ -79,6 +85,15 @@
 // handover: the waiter that was first in the queue when it queued follows
 // the entry too and tries at once (after the lock-delay); the others learn
 // it at their next attempt, at most one TTL later.
+//
+// A waiter killed while queued delays the others only if a release hands
+// it the lock before its session is invalidated, which Consul does at most
+// 2.5 times its TTL (at most WithMaxTTL) after its last renewal; the key
+// is then refused for the lock-delay, and the waiter behind it, which
+// follows only its own record, takes it at its next attempt, at most its
+// own TTL later. A free key is taken by whoever tries first (waiting is
+// not FIFO), so a killed waiter at the head of the queue does not hold up
+// a key whose holder expired.
 //
 // # Guarded writes
 //
@@ -114,6 +129,8 @@
 //	prefix       key prefix (default DefaultPrefix)
 //	minttl       the servers' session_ttl_min, more than 0 to MaxTTL
 //	             (default DefaultMinTTL)
+//	maxttl       the longest TTL granted, minttl to MaxTTL (default
+//	             DefaultMaxTTL, 1m; WithMaxTTL)
 //	lockdelay    the sessions' lock-delay, 0 to MaxLockDelay (default
 //	             DefaultLockDelay)
 //	token        ACL token (a secret: lock.RedactURL and lock.Open's
@@ -249,6 +266,7 @@ type Option func(*options)
 type options struct {
 	prefix    string
 	minTTL    time.Duration
+	maxTTL    time.Duration
 	lockDelay time.Duration
 	closeCli  func()
 }
@@ -263,6 +281,22 @@ func WithPrefix(p string) Option { return func(o *options) { o.prefix = p } }
 // default 10s): package lock rejects shorter TTLs with an error that names
 // it.
 func WithMinTTL(d time.Duration) Option { return func(o *options) { o.minTTL = d } }
+
+// DefaultMaxTTL is the longest TTL the backend grants unless WithMaxTTL
+// says otherwise: lock.DefaultMaxTTL, which says why. (MaxTTL, Consul's
+// own limit on a session's TTL, is the most WithMaxTTL takes.)
+const DefaultMaxTTL = time.Minute
+
+// WithMaxTTL sets the longest TTL the backend grants (default
+// DefaultMaxTTL), from the minimum TTL (WithMinTTL) to MaxTTL, Consul's
+// longest session TTL (New refuses others); the URL parameter maxttl sets
+// it. Capabilities reports it, so package lock refuses a longer TTL
+// (ErrInvalidTTL) before sending anything, and the backend refuses one
+// too (ErrInvalid). It bounds how long a holder that crashed, or a waiter
+// killed while queued, blocks the key: Consul keeps a session up to twice
+// its TTL, a quarter longer than the lock's, so up to 2.5 times the
+// maximum, plus the lock-delay (see the guarantee table).
+func WithMaxTTL(d time.Duration) Option { return func(o *options) { o.maxTTL = d } }
 
 // WithLockDelay sets the lock-delay of the sessions the backend creates
 // (default DefaultLockDelay; 0 allowed, at most 60s).
@@ -316,7 +350,7 @@ func New(cli *api.Client, opts ...Option) (*Backend, error) {
 	if cli == nil {
 		return nil, fmt.Errorf("%w: consul.New: nil client; pass one from api.NewClient", backend.ErrInvalid)
 	}
-	o := options{prefix: DefaultPrefix, minTTL: DefaultMinTTL, lockDelay: DefaultLockDelay}
+	o := options{prefix: DefaultPrefix, minTTL: DefaultMinTTL, maxTTL: DefaultMaxTTL, lockDelay: DefaultLockDelay}
 	for _, f := range opts {
 		if f != nil {
 			f(&o)
@@ -325,6 +359,8 @@ func New(cli *api.Client, opts ...Option) (*Backend, error) {
 	switch {
 	case o.minTTL <= 0 || o.minTTL > MaxTTL:
 		return nil, fmt.Errorf("%w: consul: minimum TTL %v; want more than 0 and at most %v", backend.ErrInvalid, o.minTTL, MaxTTL)
+	case o.maxTTL < o.minTTL || o.maxTTL > MaxTTL:
+		return nil, fmt.Errorf("%w: consul: maximum TTL %v (WithMaxTTL); want from the minimum TTL %v (WithMinTTL, the servers' session_ttl_min) to %v (Consul's longest session TTL)", backend.ErrInvalid, o.maxTTL, o.minTTL, MaxTTL)
 	case o.lockDelay < 0 || o.lockDelay > MaxLockDelay:
 		return nil, fmt.Errorf("%w: consul: lock-delay %v; want 0 to %v", backend.ErrInvalid, o.lockDelay, MaxLockDelay)
 	}
@@ -350,7 +386,7 @@ func New(cli *api.Client, opts ...Option) (*Backend, error) {
 func (b *Backend) Capabilities() backend.Capabilities {
 	return backend.Capabilities{
 		MinTTL: b.o.minTTL,
-		MaxTTL: MaxTTL,
+		MaxTTL: b.o.maxTTL,
 		// Consul may wait up to twice a session's TTL, which is a
 		// quarter longer than the lock's (see reserveOf).
 		ExpiryFactor: 2.5,
@@ -416,8 +452,8 @@ func (b *Backend) check(ttl time.Duration) error {
 	if b.closed.Load() {
 		return backend.ErrClosed
 	}
-	if ttl < b.o.minTTL || ttl > MaxTTL {
-		return fmt.Errorf("%w: consul: TTL %v; Consul's sessions take %v (session_ttl_min; see WithMinTTL) to %v", backend.ErrInvalid, ttl, b.o.minTTL, MaxTTL)
+	if ttl < b.o.minTTL || ttl > b.o.maxTTL {
+		return fmt.Errorf("%w: consul: TTL %v; this backend takes %v (the servers' session_ttl_min; see WithMinTTL) to %v (its maximum: WithMaxTTL, URL parameter maxttl)", backend.ErrInvalid, ttl, b.o.minTTL, b.o.maxTTL)
 	}
 	return nil
 }

@@ -20,7 +20,7 @@ import (
 
 // urlParams are the query parameters of consul:// and consuls:// URLs
 // besides lock.TLSParams (which only consuls:// accepts).
-var urlParams = []string{"lockdelay", "minttl", "prefix", "token", "token_file"}
+var urlParams = []string{"lockdelay", "maxttl", "minttl", "prefix", "token", "token_file"}
 
 func init() {
 	params := append(slices.Clone(urlParams), lock.TLSParams...)
@@ -138,6 +138,17 @@ func parseURL(u *url.URL) (*api.Config, []Option, error) {
 			}
 			opts = append(opts, p.set(d))
 		}
+	}
+	if v, ok := q["maxttl"]; ok {
+		lo := DefaultMinTTL
+		if m, ok := q["minttl"]; ok {
+			lo, _ = time.ParseDuration(m[0]) // checked above
+		}
+		d, err := time.ParseDuration(v[0])
+		if err != nil || d < lo || d > MaxTTL {
+			return fail("maxttl=%q: want a Go duration of at least %v (minttl) and at most %v (Consul's longest session TTL), such as 1m", v[0], lo, MaxTTL)
+		}
+		opts = append(opts, WithMaxTTL(d))
 	}
 	return cfg, opts, nil
 }

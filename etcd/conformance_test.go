@@ -99,7 +99,7 @@ func (o *owned) Close() error {
 func (h *harness) NewBackend(context.Context) (backend.Backend, error) {
 	px, px2 := faultproxy.Start(h.t, h.srv.Addr), faultproxy.Start(h.t, h.srv.Addr)
 	cli := countingClient(h.t, &h.requests, px.Addr, px2.Addr)
-	b, err := etcd.New(cli, etcd.WithElectionTimeout(electionTimeout))
+	b, err := etcd.New(cli, etcd.WithElectionTimeout(electionTimeout), etcd.WithMaxTTL(harnessMaxTTL))
 	if err != nil {
 		cli.Close()
 		px.Close()
@@ -114,7 +114,7 @@ func (h *harness) NewBackend(context.Context) (backend.Backend, error) {
 func (h *harness) Capabilities() backend.Capabilities {
 	cli := newClient(h.t, h.srv.Addr)
 	defer cli.Close()
-	b, err := etcd.New(cli, etcd.WithElectionTimeout(electionTimeout))
+	b, err := etcd.New(cli, etcd.WithElectionTimeout(electionTimeout), etcd.WithMaxTTL(harnessMaxTTL))
 	if err != nil {
 		h.t.Fatalf("etcd.New: %v", err)
 	}
@@ -123,10 +123,15 @@ func (h *harness) Capabilities() backend.Capabilities {
 }
 
 // ContenderURL implements conformance.ProcessContenders: helper processes
-// reach the member directly.
+// reach the member directly, with the harness's maximum TTL.
 func (h *harness) ContenderURL(context.Context) (string, error) {
-	return fmt.Sprintf("etcd://%s?electiontimeout=%v", h.srv.Addr, electionTimeout), nil
+	return fmt.Sprintf("etcd://%s?electiontimeout=%v&maxttl=%v", h.srv.Addr, electionTimeout, harnessMaxTTL), nil
 }
+
+// harnessMaxTTL is the harness's maximum TTL, raised from the default
+// (etcd.DefaultMaxTTL): above every TTL the suite uses (ManyKeys takes
+// 2m, so that none of its 10,000 leases needs a renewal).
+const harnessMaxTTL = 10 * time.Minute
 
 func (h *harness) Pause(context.Context) error  { h.srv.Stop(); return nil }
 func (h *harness) Resume(context.Context) error { h.srv.Continue(); return nil }

@@ -38,7 +38,11 @@
 // waited for it in the last few seconds) hands the lock to the head of the
 // queue in the release's transaction: the head's token goes under the lock
 // key, on the head's lease, and the head learns it from its watch with no
-// request, counting its deadline from its own latest keep-alive. Otherwise
+// request, counting its deadline from its own latest keep-alive. A waiter
+// is thus never handed a lock for longer than it asked for: the handed
+// lock lives on the waiter's own lease, which lives the waiter's TTL
+// (rounded up to seconds, plus the lease's extra second from 2s, as for a
+// lock it takes itself) after its latest keep-alive. Otherwise
 // the release deletes the key, and the head's watch wakes it to take the
 // key. The acquire of a queued waiter takes the key only if its own record
 // still exists and comes first; anyone else's only when nobody queues. A
@@ -134,7 +138,12 @@
 //	                          | that died at the head, or was handed the lock, holds
 //	                          | the others up until its lease expires: at most its TTL
 //	                          | (plus one second from 2s) after its last keep-alive
-//	                          | (plus the leader's scan)
+//	                          | (plus the leader's scan); the next waiter's watch
+//	                          | wakes it then
+//	maximum TTL               | WithMaxTTL (URL parameter maxttl), default
+//	                          | DefaultMaxTTL (1m): longer TTLs are refused, so a
+//	                          | crashed holder or a killed waiter blocks a key for at
+//	                          | most that (rounded up to seconds, plus one second)
 //
 // Leases expire by the leader's monotonic clock, so a stepped wall clock
 // changes nothing. Locks that expire at once are revoked at up to 1,000 a
@@ -179,6 +188,8 @@
 //	                 MinDialTimeout to MaxDialTimeout (default 5s)
 //	electiontimeout  the cluster's --election-timeout, MinElectionTimeout
 //	                 to MaxElectionTimeout (default 1s; WithElectionTimeout)
+//	maxttl           the longest TTL granted, MinTTL to lock.MaxTTL
+//	                 (default DefaultMaxTTL, 1m; WithMaxTTL)
 //	ca_file          etcds only: PEM file of the CAs to trust instead of
 //	                 the system's roots
 //	cert_file        etcds only: client certificate (PEM), with key_file,
@@ -237,6 +248,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/distlock/lock"
 	"github.com/distlock/lock/backend"
 	"github.com/distlock/lock/backend/waitq"
 )
@@ -265,13 +277,28 @@ type Option func(*options)
 type options struct {
 	prefix          string
 	electionTimeout time.Duration
+	maxTTL          time.Duration
 	closeClient     bool
 	tls             *tlsCreds // the client's TLS, when opened from an etcds:// URL
 }
 
 func defaultOptions() options {
-	return options{prefix: DefaultPrefix, electionTimeout: DefaultElectionTimeout}
+	return options{prefix: DefaultPrefix, electionTimeout: DefaultElectionTimeout, maxTTL: DefaultMaxTTL}
 }
+
+// DefaultMaxTTL is the longest TTL the backend grants unless WithMaxTTL
+// says otherwise: lock.DefaultMaxTTL, which says why.
+const DefaultMaxTTL = time.Minute
+
+// WithMaxTTL sets the longest TTL the backend grants (default
+// DefaultMaxTTL), from MinTTL to lock.MaxTTL (New refuses others); the
+// URL parameter maxttl sets it. Capabilities reports it, so package lock
+// refuses a longer TTL (ErrInvalidTTL) before sending anything, and the
+// backend's Acquire refuses one too (ErrInvalid). It bounds how long a
+// holder that crashed, or a waiter killed while queued, blocks the key:
+// the TTL, rounded up to whole seconds, plus the lease's extra second
+// (see the guarantee table).
+func WithMaxTTL(d time.Duration) Option { return func(o *options) { o.maxTTL = d } }
 
 // WithPrefix sets the prefix of every key the backend writes. Default
 // DefaultPrefix. Backends that share locks must use the same prefix.
@@ -326,6 +353,9 @@ func New(cli *clientv3.Client, opts ...Option) (*Backend, error) {
 	}
 	if o.electionTimeout <= 0 {
 		return nil, fmt.Errorf("%w: etcd: election timeout %v; want a positive duration, the cluster's --election-timeout", backend.ErrInvalid, o.electionTimeout)
+	}
+	if o.maxTTL < MinTTL || o.maxTTL > lock.MaxTTL {
+		return nil, fmt.Errorf("%w: etcd: maximum TTL %v (WithMaxTTL) must be at least %v and at most %v (lock.MaxTTL)", backend.ErrInvalid, o.maxTTL, MinTTL, lock.MaxTTL)
 	}
 	b := &Backend{cli: cli, opts: o, leases: newLeases()}
 	b.tombs.sem = make(chan struct{}, 1)
@@ -403,6 +433,14 @@ func (b *Backend) check() error {
 	return nil
 }
 
+// checkTTL refuses a TTL above the backend's maximum (WithMaxTTL).
+func (b *Backend) checkTTL(ttl time.Duration) error {
+	if ttl > b.opts.maxTTL {
+		return fmt.Errorf("%w: etcd: TTL %v is above this backend's maximum of %v (WithMaxTTL, URL parameter maxttl)", backend.ErrInvalid, ttl, b.opts.maxTTL)
+	}
+	return nil
+}
+
 // storeErr wraps an error from etcd, whose outcome is unknown, so that
 // errors.Is reaches ctx's error when ctx ended and errors.As the client's.
 // When the backend's client (one opened from an etcds:// URL) saw its
@@ -430,6 +468,9 @@ var errDead = fmt.Errorf("%w: etcd: acquire with a token that was released befor
 // transaction, or a new one.
 func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
 	if err := b.check(); err != nil {
+		return backend.Grant{}, err
+	}
+	if err := b.checkTTL(ttl); err != nil {
 		return backend.Grant{}, err
 	}
 	if p := b.queues.watchedPlace(b.lockKeyOf(key)); p != nil {
@@ -818,6 +859,7 @@ func (b *Backend) Capabilities() backend.Capabilities { return capabilities(b.op
 func capabilities(o options) backend.Capabilities {
 	return backend.Capabilities{
 		MinTTL:      MinTTL,
+		MaxTTL:      o.maxTTL,
 		Granularity: time.Second,
 		// A new leader restarts every lease's full TTL (the lock's,
 		// rounded up to seconds, plus the reserve second), plus an

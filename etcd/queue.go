@@ -266,6 +266,9 @@ func (p *place) Attempt(ctx context.Context, a waitq.Attempt) (waitq.Result, err
 	if err := b.check(); err != nil {
 		return waitq.Result{}, err
 	}
+	if err := b.checkTTL(a.TTL); err != nil {
+		return waitq.Result{}, err
+	}
 	token, secs := a.Token, seconds(a.TTL)
 	p.qs.mu.Lock()
 	p.handed = false // the caller did not take it: this attempt takes it over

@@ -18,7 +18,7 @@ import (
 
 // urlParams are the query parameters of etcd:// and etcds:// URLs besides
 // lock.TLSParams (which only etcds:// accepts).
-var urlParams = []string{"dialtimeout", "electiontimeout", "prefix"}
+var urlParams = []string{"dialtimeout", "electiontimeout", "maxttl", "prefix"}
 
 // DefaultDialTimeout bounds the connection to an endpoint of a client built
 // from a URL.
@@ -140,6 +140,13 @@ func parseURL(u *url.URL) (clientv3.Config, []Option, error) {
 		return clientv3.Config{}, nil, err
 	} else if ok {
 		opts = append(opts, WithElectionTimeout(d))
+	}
+	if v, ok := q["maxttl"]; ok {
+		d, err := time.ParseDuration(v[0])
+		if err != nil || d < MinTTL || d > lock.MaxTTL {
+			return fail("maxttl=%q: want a Go duration of at least %v and at most %v (lock.MaxTTL), such as 1m", v[0], MinTTL, lock.MaxTTL)
+		}
+		opts = append(opts, WithMaxTTL(d))
 	}
 	return cfg, opts, nil
 }

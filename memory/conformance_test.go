@@ -99,7 +99,7 @@ const flawEnv = "LOCK_MEMORY_FLAW"
 // keeps in real time (CancelUnderLoad, see conformance.Run) needs it.
 func TestConformance(t *testing.T) {
 	conformance.Run(t, func(t *testing.T) conformance.Harness {
-		store := NewStore()
+		store := NewStore(WithMaxTTL(longestTTL))
 		t.Cleanup(func() { storeLeftClean(t, store) })
 		if name := os.Getenv(flawEnv); name == "no-hooks" {
 			return hooksHidden{harness{store}}
@@ -110,7 +110,8 @@ func TestConformance(t *testing.T) {
 	}, conformance.RequireHooks(), conformance.VirtualTime())
 }
 
-// longestTTL is the longest TTL the suite grants (ManyKeys').
+// longestTTL is the longest TTL the suite grants (ManyKeys'), and the
+// maximum TTL of the harness's store, raised from DefaultMaxTTL for it.
 const longestTTL = 2 * time.Minute
 
 // storeLeftClean checks, after a case's own cleanups closed its clients,

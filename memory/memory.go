@@ -51,6 +51,12 @@
 //	transfer                 | Client.Transfer (backend.Transferer), for
 //	                         | servers built on a Store; package lock does not
 //	                         | transfer on a store in its own process
+//	maximum TTL              | WithMaxTTL (URL parameter maxttl), default
+//	                         | DefaultMaxTTL (1m): longer TTLs are refused
+//	waiters                  | the store hands no lock to a waiter: a release
+//	                         | wakes it, and it takes the key with its own
+//	                         | request and TTL (never a longer one); a waiter
+//	                         | that gave up or died holds nothing
 //
 // # URLs
 //
@@ -58,8 +64,11 @@
 // process-wide store NAME, created on first use, so two Opens of one name
 // contend for the same keys. The store NAME lives while a client opened so
 // is open: once the last is closed it is freed, and the next Open of NAME
-// starts a fresh store (no locks, fences from 1, as Restart(LoseData)). No
-// query parameters besides the client's own.
+// starts a fresh store (no locks, fences from 1, as Restart(LoseData)).
+// Besides the client's own query parameters, one: maxttl, the longest TTL
+// the client grants (WithMaxTTL; a Go duration from 1ms to 8760h,
+// lock.MaxTTL; default 1m). It is the opened client's: two clients of one
+// named store may have different ones, as two clients of one Redis may.
 package memory
 
 import (
@@ -80,11 +89,22 @@ import (
 // MinTTL is the shortest TTL the store accepts.
 const MinTTL = time.Millisecond
 
+// DefaultMaxTTL is the longest TTL a client of a store grants unless
+// WithMaxTTL (or a mem:// URL's maxttl) says otherwise: lock.DefaultMaxTTL,
+// the default of every backend of this module. A store in the process
+// dies with the holders that could crash, so the limit guards less here
+// than on a store outside the process (a goroutine that stopped renewing
+// without a release still blocks a key for its TTL); it is the same so
+// that code whose tests run on this store meets the limit it will meet in
+// production, and fails there as it fails here.
+const DefaultMaxTTL = lock.DefaultMaxTTL
+
 const shardCount = 64
 
 // Store is an in-process lock store. It is safe for concurrent use.
 type Store struct {
 	clock   clock.Clock
+	maxTTL  time.Duration // its clients' maximum TTL unless their URL says otherwise
 	epoch   time.Time
 	fence   atomic.Uint64
 	deadFor atomic.Int64 // time.Duration; see KeepDeadTokens
@@ -126,9 +146,19 @@ func WithClock(c clock.Clock) StoreOption {
 	}
 }
 
+// WithMaxTTL sets the longest TTL the store's clients grant (default
+// DefaultMaxTTL), from MinTTL to lock.MaxTTL. Capabilities reports it, so
+// package lock refuses a longer TTL (ErrInvalidTTL) before it calls the
+// client, and the client refuses one too (ErrInvalid). NewStore cannot
+// refuse a maximum out of range: every call of its clients that takes a
+// TTL fails with ErrInvalid instead, saying why.
+func WithMaxTTL(d time.Duration) StoreOption {
+	return func(s *Store) { s.maxTTL = d }
+}
+
 // NewStore returns an empty store.
 func NewStore(opts ...StoreOption) *Store {
-	s := &Store{clock: clock.Real}
+	s := &Store{clock: clock.Real, maxTTL: DefaultMaxTTL}
 	for _, o := range opts {
 		if o != nil {
 			o(s)
@@ -147,9 +177,10 @@ func New(opts ...StoreOption) *Client {
 	return NewStore(opts...).NewClient()
 }
 
-// NewClient returns a new independent connection to the store.
+// NewClient returns a new independent connection to the store, with the
+// store's maximum TTL (WithMaxTTL).
 func (s *Store) NewClient() *Client {
-	return &Client{s: s}
+	return &Client{s: s, maxTTL: s.maxTTL}
 }
 
 // now returns the store's time as an offset from its epoch: on the real
@@ -249,6 +280,7 @@ func (s *Store) Watchers() int {
 // backend.Transferer.
 type Client struct {
 	s       *Store
+	maxTTL  time.Duration
 	gate    gate // Disconnect/Reconnect
 	replies gate // HoldReplies/DeliverReplies
 	dropMu  sync.Mutex
@@ -344,6 +376,7 @@ func (c *Client) Close() error {
 func (c *Client) Capabilities() backend.Capabilities {
 	return backend.Capabilities{
 		MinTTL:       MinTTL,
+		MaxTTL:       c.maxTTL,
 		ExpiryFactor: 1,
 		DurableFence: true, // with Restart(KeepData); see the package doc
 		InProcess:    true,
@@ -367,9 +400,24 @@ func (c *Client) enter(ctx context.Context) error {
 	return nil
 }
 
-func checkTTL(ttl time.Duration) error {
+// checkMaxTTL says what is wrong with a maximum TTL, or nil when nothing
+// is.
+func checkMaxTTL(d time.Duration) error {
+	if d < MinTTL || d > lock.MaxTTL {
+		return fmt.Errorf("%w: memory: maximum TTL %v (WithMaxTTL, URL parameter maxttl) must be at least %v and at most %v (lock.MaxTTL)", backend.ErrInvalid, d, MinTTL, lock.MaxTTL)
+	}
+	return nil
+}
+
+func (c *Client) checkTTL(ttl time.Duration) error {
 	if ttl < MinTTL {
 		return fmt.Errorf("%w: memory: TTL %v is below the minimum of %v", backend.ErrInvalid, ttl, MinTTL)
+	}
+	if err := checkMaxTTL(c.maxTTL); err != nil {
+		return err
+	}
+	if ttl > c.maxTTL {
+		return fmt.Errorf("%w: memory: TTL %v is above this client's maximum of %v (WithMaxTTL, URL parameter maxttl)", backend.ErrInvalid, ttl, c.maxTTL)
 	}
 	return nil
 }
@@ -384,7 +432,7 @@ func (c *Client) acquire(ctx context.Context, key, token string, ttl time.Durati
 	if err := c.enter(ctx); err != nil {
 		return backend.Grant{}, err
 	}
-	if err := checkTTL(ttl); err != nil {
+	if err := c.checkTTL(ttl); err != nil {
 		return backend.Grant{}, err
 	}
 	s := c.s
@@ -440,7 +488,7 @@ func (c *Client) renew(ctx context.Context, key, token string, ttl time.Duration
 	if err := c.enter(ctx); err != nil {
 		return backend.Grant{}, err
 	}
-	if err := checkTTL(ttl); err != nil {
+	if err := c.checkTTL(ttl); err != nil {
 		return backend.Grant{}, err
 	}
 	s := c.s
@@ -510,7 +558,7 @@ func (c *Client) transfer(ctx context.Context, key, from, to string, ttl time.Du
 	if err := c.enter(ctx); err != nil {
 		return backend.Transferred{}, err
 	}
-	if err := checkTTL(ttl); err != nil {
+	if err := c.checkTTL(ttl); err != nil {
 		return backend.Transferred{}, err
 	}
 	s := c.s
@@ -692,9 +740,19 @@ type namedStore struct {
 }
 
 func init() {
-	lock.Register("mem", nil, func(ctx context.Context, u *url.URL) (backend.Backend, error) {
-		if u.RawQuery != "" {
-			return nil, fmt.Errorf("%w: mem: unexpected query %q", backend.ErrInvalid, u.RawQuery)
+	lock.Register("mem", []string{"maxttl"}, func(ctx context.Context, u *url.URL) (backend.Backend, error) {
+		q := u.Query()
+		maxTTL := DefaultMaxTTL
+		if v, ok := q["maxttl"]; ok {
+			d, err := time.ParseDuration(v[0])
+			if err != nil || checkMaxTTL(d) != nil {
+				return nil, fmt.Errorf("%w: mem: maxttl=%q: want a Go duration of at least %v and at most %v (lock.MaxTTL), such as 1m", backend.ErrInvalid, v[0], MinTTL, lock.MaxTTL)
+			}
+			maxTTL = d
+			q.Del("maxttl")
+		}
+		if len(q) > 0 {
+			return nil, fmt.Errorf("%w: mem: unexpected query %q", backend.ErrInvalid, q.Encode())
 		}
 		if u.User != nil {
 			return nil, fmt.Errorf("%w: mem: a memory store takes no user or password; want mem://NAME", backend.ErrInvalid)
@@ -704,7 +762,9 @@ func init() {
 			name = u.Opaque
 		}
 		if name == "" {
-			return New(), nil
+			c := New()
+			c.maxTTL = maxTTL
+			return c, nil
 		}
 		namedMu.Lock()
 		defer namedMu.Unlock()
@@ -715,6 +775,7 @@ func init() {
 		}
 		n.clients++
 		c := n.s.NewClient()
+		c.maxTTL = maxTTL
 		c.onClose = func() {
 			namedMu.Lock()
 			defer namedMu.Unlock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/distlock/lock/backend"
 	"github.com/distlock/lock/conformance"
@@ -80,8 +81,13 @@ func (h pairHarness) Restart(_ context.Context, keepData bool) error {
 	return nil
 }
 
+// harnessMaxTTL is the stores' maximum TTL, raised from
+// memory.DefaultMaxTTL: above every TTL the suite uses (ManyKeys takes
+// 2m).
+const harnessMaxTTL = 10 * time.Minute
+
 func newPair(t *testing.T, phase migrate.Phase) conformance.Harness {
-	h := pairHarness{from: memory.NewStore(), to: memory.NewStore(), phase: phase}
+	h := pairHarness{from: memory.NewStore(memory.WithMaxTTL(harnessMaxTTL)), to: memory.NewStore(memory.WithMaxTTL(harnessMaxTTL)), phase: phase}
 	t.Cleanup(func() {
 		for _, s := range []*memory.Store{h.from, h.to} {
 			if n := s.Watchers(); n != 0 {

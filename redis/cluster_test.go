@@ -221,10 +221,12 @@ func (h *clusterHarness) NewBackend(context.Context) (backend.Backend, error) {
 		MaxRetries:               -1,
 		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 	})
-	return &ownsCluster{redis.New(rdb), rdb}, nil
+	return &ownsCluster{redis.New(rdb, redis.WithMaxTTL(harnessMaxTTL)), rdb}, nil
 }
 
-func (h *clusterHarness) Capabilities() backend.Capabilities { return redis.New(nil).Capabilities() }
+func (h *clusterHarness) Capabilities() backend.Capabilities {
+	return redis.New(nil, redis.WithMaxTTL(harnessMaxTTL)).Capabilities()
+}
 
 // ownsCluster closes its cluster client with the backend.
 type ownsCluster struct {

@@ -154,7 +154,7 @@ type singleHarness struct {
 
 func (h *singleHarness) NewBackend(context.Context) (backend.Backend, error) {
 	rdbs, proxies := h.clientsOf([]string{h.srv.Addr})
-	b := &ownsClients{redis.New(rdbs[0], redis.WithDurableFence(h.durable), redis.WithSlotFenceCounters(h.slotFences)), rdbs, proxies}
+	b := &ownsClients{redis.New(rdbs[0], redis.WithDurableFence(h.durable), redis.WithSlotFenceCounters(h.slotFences), redis.WithMaxTTL(harnessMaxTTL)), rdbs, proxies}
 	h.remember(b, proxies)
 	return b, nil
 }
@@ -185,13 +185,13 @@ func closeAll(rdbs []*goredis.Client, proxies []*faultproxy.Proxy) {
 }
 
 func (h *singleHarness) Capabilities() backend.Capabilities {
-	return redis.New(nil, redis.WithDurableFence(h.durable)).Capabilities()
+	return redis.New(nil, redis.WithDurableFence(h.durable), redis.WithMaxTTL(harnessMaxTTL)).Capabilities()
 }
 
 // ContenderURL implements conformance.ProcessContenders: helper processes
-// reach the server directly.
+// reach the server directly, with the harness's maximum TTL.
 func (h *singleHarness) ContenderURL(context.Context) (string, error) {
-	return "redis://" + h.srv.Addr, nil
+	return fmt.Sprintf("redis://%s?maxttl=%v", h.srv.Addr, harnessMaxTTL), nil
 }
 
 func (h *singleHarness) Pause(context.Context) error  { h.srv.Stop(); return nil }
@@ -263,7 +263,7 @@ func (h *redlockHarness) NewBackend(context.Context) (backend.Backend, error) {
 	for i, c := range rdbs {
 		nodes[i] = c
 	}
-	r, err := redis.NewRedlock(nodes, redis.WithDurableFence(true), redis.WithNodeTimeout(harnessNodeTimeout), redis.WithMaxTTL(redlockMaxTTL))
+	r, err := redis.NewRedlock(nodes, redis.WithDurableFence(true), redis.WithNodeTimeout(harnessNodeTimeout), redis.WithMaxTTL(harnessMaxTTL))
 	if err != nil {
 		return nil, err
 	}
@@ -286,22 +286,22 @@ func (o *ownsRedlockClients) Close() error {
 
 func (h *redlockHarness) Capabilities() backend.Capabilities {
 	// The single node's declaration (every node expires by its own PX, and
-	// the fence is durable with appendfsync always), with the maximum TTL;
-	// Redlock does not queue waiters, so no FIFO.
-	c := redis.New(nil, redis.WithDurableFence(true)).Capabilities()
-	c.MaxTTL = redlockMaxTTL
+	// the fence is durable with appendfsync always), with the same maximum
+	// TTL; Redlock does not queue waiters, so no FIFO.
+	c := redis.New(nil, redis.WithDurableFence(true), redis.WithMaxTTL(harnessMaxTTL)).Capabilities()
 	c.FIFO = false
 	return c
 }
 
-// redlockMaxTTL is the Redlock harness's maximum TTL: above every TTL the
-// suite uses.
-const redlockMaxTTL = 10 * time.Minute
+// harnessMaxTTL is the harnesses' maximum TTL, raised from the default
+// (redis.DefaultMaxTTL): above every TTL the suite uses (ManyKeys takes
+// 2m, so that none of its 10,000 leases needs a renewal).
+const harnessMaxTTL = 10 * time.Minute
 
 // ContenderURL implements conformance.ProcessContenders: helper processes
 // reach the nodes directly, with the harness's node timeout and maximum TTL.
 func (h *redlockHarness) ContenderURL(context.Context) (string, error) {
-	return fmt.Sprintf("redlock://%s?nodetimeout=%v&maxttl=%v", strings.Join(h.addrs(), ","), harnessNodeTimeout, redlockMaxTTL), nil
+	return fmt.Sprintf("redlock://%s?nodetimeout=%v&maxttl=%v", strings.Join(h.addrs(), ","), harnessNodeTimeout, harnessMaxTTL), nil
 }
 
 func (h *redlockHarness) Pause(context.Context) error {

@@ -399,6 +399,9 @@ func (p *place) Attempt(ctx context.Context, a waitq.Attempt) (waitq.Result, err
 	if err := b.check(); err != nil {
 		return waitq.Result{}, err
 	}
+	if err := b.checkTTL(a.TTL); err != nil {
+		return waitq.Result{}, err
+	}
 	ch := p.channel()
 	p.mu.Lock()
 	subscribed := p.w != nil

@@ -25,8 +25,23 @@
 // one waiter, which holds the lock without a request of its own; waiters of
 // every process are served in the order they queued (FIFO, declared in
 // Capabilities), and TryAcquire does not take a free key ahead of them. A
-// waiter whose process dies while queued delays the others by at most its
-// TTL (twice that if the holder before it also expired without a release).
+// waiter is never handed a lock for longer than it asked for: the handed
+// lock's expiry is the waiter's record's remaining expiry, and the record
+// lives at most the waiter's own TTL (at most WithMaxTTL) after its latest
+// attempt or refresh. A waiter whose process dies while queued thus
+// delays the one behind it by at most its TTL when the holder releases,
+// and by its TTL plus the next waiter's (or lock.WithBackoff's maximum,
+// if longer) when the holder dies too (both bounded by WithMaxTTL). A release hands the dead waiter the lock, which
+// expires at most its TTL after its last refresh (before it died), and
+// the waiter behind it, first now, learns that expiry from its own
+// refresh (every third of its own TTL) and takes the key then: within
+// max(the dead waiter's TTL, a third of its own) after the release, plus
+// a round trip. If the holder's lock expires instead, nothing is handed
+// over: the dead waiter's place stays first until its record expires,
+// and the one behind it, which learns nothing from its refreshes, takes
+// the key at its next attempt, which package lock makes at least every
+// max(its own TTL, lock.WithBackoff's maximum): at most that long after
+// both the holder's lock and the dead waiter's record expired.
 // Redlock does not queue: its waiters subscribe to release messages and
 // wake at once instead of polling. Scripts run with EVALSHA; when the
 // server's script cache was flushed they are loaded and sent again. The
@@ -163,7 +178,9 @@
 // unix://[user:password@]/path/to/socket?db=N, in go-redis's own format and
 // with its options, plus these parameters on every scheme: prefix (key
 // prefix, default "lock:"), durablefence (true when the server runs with
-// appendfsync always) and slotfences (WithSlotFenceCounters).
+// appendfsync always), slotfences (WithSlotFenceCounters) and maxttl (the
+// longest TTL granted, WithMaxTTL: a Go duration from 10ms to 8760h,
+// lock.MaxTTL; default 1m).
 //
 // redis+cluster://[user:password@]host1:port,host2:port,... (rediss+cluster
 // with TLS) opens a Redis Cluster from any of its nodes, with go-redis's
@@ -179,9 +196,8 @@
 //
 // redlock://host1:port,host2:port,host3:port (redlocks:// with TLS to every
 // node) builds a Redlock over those nodes, with parameters prefix,
-// durablefence, slotfences, username, password, db, nodetimeout, maxttl and
-// allowfewnodes. maxttl (default 1m) is a Go duration from 10ms to 8760h
-// (lock.MaxTTL); nodetimeout, the bound of each node's request (default a
+// durablefence, slotfences, maxttl, username, password, db, nodetimeout and
+// allowfewnodes. nodetimeout, the bound of each node's request (default a
 // tenth of the TTL, between 10ms and 1s), is a positive Go duration of at
 // most maxttl. Opening it fails (ErrInvalid) when two nodes are the same
 // server once host names are resolved, and when it names fewer than 3
@@ -274,15 +290,22 @@ func defaultOptions() options {
 	return options{prefix: DefaultPrefix, maxTTL: DefaultMaxTTL, maxWaiters: DefaultMaxWaiters}
 }
 
-// DefaultMaxTTL is the longest TTL a Redlock grants unless WithMaxTTL says
-// otherwise.
+// DefaultMaxTTL is the longest TTL a backend of this package grants
+// (single node, Cluster, Sentinel and Redlock) unless WithMaxTTL says
+// otherwise: lock.DefaultMaxTTL, which says why.
 const DefaultMaxTTL = time.Minute
 
-// WithMaxTTL sets the longest TTL a Redlock grants (default DefaultMaxTTL),
-// at least MinTTL and at most lock.MaxTTL (NewRedlock refuses others). A
-// node that comes back empty waits this long before it votes again, so
-// that every lock it forgot has expired (see Redlock). Ignored by the
-// single-node backend.
+// WithMaxTTL sets the longest TTL the backend grants (default
+// DefaultMaxTTL), at least MinTTL and at most lock.MaxTTL; the URL
+// parameter maxttl sets it on every scheme. Capabilities reports it, so
+// package lock refuses a longer TTL (ErrInvalidTTL) before sending
+// anything, and the backend's own calls refuse one too (ErrInvalid). It
+// bounds how long a holder that crashed, or a waiter killed while queued
+// and then handed the lock, blocks the key. A Redlock's node that comes
+// back empty waits this long before it votes again, so that every lock it
+// forgot has expired (see Redlock). NewRedlock refuses a value out of
+// range; New cannot refuse anything, so the single-node backend's calls
+// fail with ErrInvalid, saying why, instead.
 func WithMaxTTL(d time.Duration) Option { return func(o *options) { o.maxTTL = d } }
 
 // WithPrefix sets the prefix of every key the backend writes. Default
@@ -710,6 +733,9 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	if err := b.check(); err != nil {
 		return backend.Grant{}, err
 	}
+	if err := b.checkTTL(ttl); err != nil {
+		return backend.Grant{}, err
+	}
 	lk, fk := keys(b.opts.prefix, key)
 	ks := []string{lk, fk, deadKeyOf(lk, token), nextKeyOf(lk)}
 	if sk := b.opts.slotFenceKey(lk); sk != "" {
@@ -734,6 +760,9 @@ func granted(ttl time.Duration) time.Duration {
 // Renew implements backend.Backend.
 func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
 	if err := b.check(); err != nil {
+		return backend.Grant{}, err
+	}
+	if err := b.checkTTL(ttl); err != nil {
 		return backend.Grant{}, err
 	}
 	ok, err := b.batch.run(ctx, renewScript, b.opts.renewKeys(key), token, ms(ttl)).Int64()
@@ -770,6 +799,9 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 // the lock, and a marked lock is not transferred without a reserved fence.
 func (b *Backend) Transfer(ctx context.Context, key, from, to string, ttl time.Duration, opt backend.TransferOptions) (backend.Transferred, error) {
 	if err := b.check(); err != nil {
+		return backend.Transferred{}, err
+	}
+	if err := b.checkTTL(ttl); err != nil {
 		return backend.Transferred{}, err
 	}
 	lk, fk := keys(b.opts.prefix, key)
@@ -848,6 +880,7 @@ func capabilities(o options) backend.Capabilities {
 		ExpiryFactor: 1,
 		ExpirySlack:  2 * time.Millisecond, // millisecond expiry resolution
 		DurableFence: o.durableFence,
+		MaxTTL:       o.maxTTL,
 	}
 }
 

@@ -14,7 +14,6 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/distlock/lock"
 	"github.com/distlock/lock/backend"
 )
 
@@ -148,8 +147,8 @@ func NewRedlock(nodes []Client, opts ...Option) (*Redlock, error) {
 	if o.nodeTimeout < 0 {
 		return nil, fmt.Errorf("%w: redis: node timeout %v must be >= 0 (0: derived from the TTL)", backend.ErrInvalid, o.nodeTimeout)
 	}
-	if o.maxTTL < MinTTL || o.maxTTL > lock.MaxTTL {
-		return nil, fmt.Errorf("%w: redis: maximum TTL %v must be at least %v and at most %v (lock.MaxTTL)", backend.ErrInvalid, o.maxTTL, MinTTL, lock.MaxTTL)
+	if err := checkMaxTTL(o.maxTTL); err != nil {
+		return nil, err
 	}
 	if o.nodeTimeout > o.maxTTL {
 		return nil, fmt.Errorf("%w: redis: node timeout %v must be at most the maximum TTL %v (WithMaxTTL): a node's request may not outlast every lease", backend.ErrInvalid, o.nodeTimeout, o.maxTTL)
@@ -435,7 +434,7 @@ var errNotReady = errors.New("node came back empty and does not vote yet")
 func (r *Redlock) nodeKey() string { return r.opts.prefix + "redlock:node" }
 
 func (r *Redlock) tooLong(ttl time.Duration) error {
-	return fmt.Errorf("%w: redis: TTL %v is above this Redlock's maximum of %v (WithMaxTTL)", backend.ErrInvalid, ttl, r.opts.maxTTL)
+	return fmt.Errorf("%w: redis: TTL %v is above this Redlock's maximum of %v (WithMaxTTL, URL parameter maxttl)", backend.ErrInvalid, ttl, r.opts.maxTTL)
 }
 
 // Acquire implements backend.Backend.
@@ -786,9 +785,7 @@ func (r *Redlock) Watch(ctx context.Context, key string) (backend.Watch, error) 
 
 // Capabilities implements backend.Describer.
 func (r *Redlock) Capabilities() backend.Capabilities {
-	c := capabilities(r.opts)
-	c.MaxTTL = r.opts.maxTTL
-	return c
+	return capabilities(r.opts)
 }
 
 // Close stops the subscriptions and waits for the requests still out to

@@ -58,7 +58,7 @@ var sentinelParams = []string{
 
 // redlockParams are the query parameters of redlock:// and redlocks://
 // besides ownParams, credParams and lock.TLSParams.
-var redlockParams = []string{"allowfewnodes", "db", "maxttl", "nodetimeout"}
+var redlockParams = []string{"allowfewnodes", "db", "nodetimeout"}
 
 // credParams are the parameters that give the servers' user name and
 // password, as an alternative to the URL's userinfo (on a Sentinel URL:
@@ -85,7 +85,7 @@ func noMaintNotifications() *maintnotifications.Config {
 const oneDial = 1
 
 // ownParams are this backend's query parameters, on every scheme.
-var ownParams = []string{"durablefence", "prefix", "slotfences"}
+var ownParams = []string{"durablefence", "maxttl", "prefix", "slotfences"}
 
 // params joins lists of query parameters.
 func params(lists ...[]string) []string {
@@ -334,6 +334,14 @@ func takeOwnParams(u *url.URL) ([]Option, url.Values, error) {
 		opts = append(opts, WithSlotFenceCounters(on))
 		q.Del("slotfences")
 	}
+	if v, ok := q["maxttl"]; ok {
+		d, err := time.ParseDuration(v[0])
+		if err != nil || d < MinTTL || d > lock.MaxTTL {
+			return nil, nil, fmt.Errorf("%w: redis: maxttl=%q: want a Go duration of at least %v and at most %v (lock.MaxTTL), such as 1m", backend.ErrInvalid, v[0], MinTTL, lock.MaxTTL)
+		}
+		opts = append(opts, WithMaxTTL(d))
+		q.Del("maxttl")
+	}
 	return opts, q, nil
 }
 
@@ -357,21 +365,13 @@ func openSingle(_ context.Context, u *url.URL) (backend.Backend, error) {
 	return New(goredis.NewClient(o), opts...), nil
 }
 
-// redlockDurations returns the options that the parameters maxttl and
-// nodetimeout of a Redlock URL set, checked before anything is sent:
-// MinTTL <= maxttl <= lock.MaxTTL, and 0 < nodetimeout <= maxttl (a node
-// request that may outlast every lease bounds nothing).
-func redlockDurations(q url.Values) ([]Option, error) {
+// redlockDurations returns the option that the parameter nodetimeout of a
+// Redlock URL sets, checked before anything is sent: 0 < nodetimeout <=
+// maxTTL, the URL's maxttl (takeOwnParams checked it: MinTTL <= maxttl <=
+// lock.MaxTTL) or DefaultMaxTTL (a node request that may outlast every
+// lease bounds nothing).
+func redlockDurations(q url.Values, maxTTL time.Duration) ([]Option, error) {
 	var opts []Option
-	maxTTL := DefaultMaxTTL
-	if v := q.Get("maxttl"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d < MinTTL || d > lock.MaxTTL {
-			return nil, fmt.Errorf("%w: redis: maxttl=%q: want a Go duration of at least %v and at most %v (lock.MaxTTL), such as 1m", backend.ErrInvalid, v, MinTTL, lock.MaxTTL)
-		}
-		maxTTL = d
-		opts = append(opts, WithMaxTTL(d))
-	}
 	if v := q.Get("nodetimeout"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || d <= 0 || d > maxTTL {
@@ -409,7 +409,7 @@ func openRedlock(ctx context.Context, u *url.URL) (backend.Backend, error) {
 			return nil, fmt.Errorf("%w: redis: db=%q: want a database number (0 or more)", backend.ErrInvalid, v)
 		}
 	}
-	durations, err := redlockDurations(q)
+	durations, err := redlockDurations(q, applied(opts).maxTTL)
 	if err != nil {
 		return nil, err
 	}
@@ -499,4 +499,13 @@ func distinctServers(ctx context.Context, addrs []string) error {
 		}
 	}
 	return nil
+}
+
+// applied returns the options opts set.
+func applied(opts []Option) options {
+	o := defaultOptions()
+	for _, f := range opts {
+		f(&o)
+	}
+	return o
 }

@@ -44,8 +44,10 @@
 //
 // Every flag is checked before a lock is taken or waited for: durations
 // (--ttl, --timeout, --grace, bench's --duration) are at most a year
-// (lock.MaxTTL), and run's --grace at most half the TTL asked for (--ttl,
-// else the URL's ttl, else 10s).
+// (lock.MaxTTL), run's --grace at most half the TTL asked for (--ttl,
+// else the URL's ttl, else 10s), and the TTL at most the backend's
+// maximum (1m unless the URL's maxttl raises it): a usage error (exit 2)
+// otherwise.
 //
 // A migrate:// URL (package migrate) names two stores and a phase of a
 // move between them. In phases 2 and 3, which hold each lock on both

@@ -24,7 +24,7 @@ import (
 func (e *environment) run(ctx context.Context, args []string) int {
 	fs := newFlags("run", "[flags] KEY -- CMD [ARGS...]")
 	bf := addBackendFlags(fs, "", "")
-	ttl := fs.Duration("ttl", lock.DefaultTTL, "lock TTL, renewed while the command runs; at most a year (default: the URL's ttl, else 10s)")
+	ttl := fs.Duration("ttl", lock.DefaultTTL, "lock TTL, renewed while the command runs; at most the backend's maximum, 1m unless the URL's maxttl raises it (default: the URL's ttl, else 10s)")
 	wait := fs.Bool("wait", true, "wait for the lock while another owner holds it")
 	noWait := fs.Bool("no-wait", false, "fail at once (status 75) when another owner holds the lock")
 	timeout := fs.Duration("timeout", 0, "give up waiting after this long, status 75; at most a year (0: wait forever; with --no-wait, the store has 3s to answer)")

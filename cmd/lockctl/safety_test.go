@@ -242,7 +242,8 @@ func TestShow(t *testing.T) {
 // longer than half the TTL asked for (--ttl, else the URL's ttl, else
 // 10s) is a usage error, and the key stays free, without even a fence
 // counter in the store. Durations above a year are usage errors naming
-// the flag and the valid range.
+// the flag and the valid range, and so is a TTL above the backend's
+// maximum (1m unless the URL's maxttl raises it), naming maxttl.
 func TestFlagsAreCheckedBeforeTheLock(t *testing.T) {
 	url, rdb := redisURL(t)
 	ran := filepath.Join(t.TempDir(), "ran")
@@ -258,6 +259,9 @@ func TestFlagsAreCheckedBeforeTheLock(t *testing.T) {
 		{[]string{"--backend", url, "--timeout", "8761h"}, "flag --timeout: 8761h0m0s is more than a year; valid: 0s to 8760h0m0s"},
 		{[]string{"--backend", url, "--grace", "8761h"}, "flag --grace: 8761h0m0s is more than a year; valid: 0s to 8760h0m0s"},
 		{[]string{"--backend", url, "--ttl", "8760h", "--grace", "4380h1s"}, "--grace 4380h0m1s is more than half the TTL 8760h0m0s"},
+		{[]string{"--backend", url, "--ttl", "1h"}, "TTL 1h0m0s is above this backend's maximum of 1m0s; use a shorter TTL (auto-renew keeps a lease longer), or raise the maximum (this module's backends: WithMaxTTL, or the URL parameter maxttl)"},
+		{[]string{"--backend", url + "?ttl=2m"}, "TTL 2m0s is above this backend's maximum of 1m0s"},
+		{[]string{"--backend", url + "?maxttl=5s"}, "TTL 10s is above this backend's maximum of 5s"},
 	} {
 		args := append(append([]string{"run"}, tc.args...), "job", "--", "touch", ran)
 		code, _, stderr := call(t, nil, args...)
@@ -275,6 +279,10 @@ func TestFlagsAreCheckedBeforeTheLock(t *testing.T) {
 	code, out, stderr := call(t, nil, "run", "--backend", url, "--ttl", "2s", "--grace", "1s", "--timeout", "8760h", "job", "--", "sh", "-c", "echo $LOCK_TTL")
 	if code != 0 || strings.TrimSpace(out) != "2s" {
 		t.Errorf("--ttl 2s --grace 1s --timeout 8760h: status %d, output %q, stderr %q", code, out, stderr)
+	}
+	code, out, stderr = call(t, nil, "run", "--backend", url+"?maxttl=2m", "--ttl", "2m", "job", "--", "sh", "-c", "echo $LOCK_TTL")
+	if code != 0 || strings.TrimSpace(out) != "2m0s" {
+		t.Errorf("--ttl 2m on a URL with maxttl=2m: status %d, output %q, stderr %q", code, out, stderr)
 	}
 	if code, _, stderr := call(t, nil, "bench", "--duration", "8761h"); code != exitUsage || !strings.Contains(stderr, "flag --duration: 8761h0m0s is more than a year") {
 		t.Errorf("bench --duration 8761h: status %d, stderr %q", code, stderr)

@@ -142,7 +142,7 @@ func (h *confHarness) newBackendOf(_ context.Context, phase migrate.Phase) (back
 		}
 		return nil, fmt.Errorf("clientv3.New: %w", err)
 	}
-	eb, err := etcd.New(cli, etcd.WithElectionTimeout(etcdtest.ElectionTimeout))
+	eb, err := etcd.New(cli, etcd.WithElectionTimeout(etcdtest.ElectionTimeout), etcd.WithMaxTTL(confMaxTTL))
 	if err != nil {
 		cli.Close()
 		rdb.Close()
@@ -153,7 +153,7 @@ func (h *confHarness) newBackendOf(_ context.Context, phase migrate.Phase) (back
 	}
 	var dual backend.Backend
 	forget := func() { h.Forget(dual) }
-	from := &confRedis{Backend: redis.New(rdb, redis.WithDurableFence(true)), rdb: rdb, px: rpx, forget: forget}
+	from := &confRedis{Backend: redis.New(rdb, redis.WithDurableFence(true), redis.WithMaxTTL(confMaxTTL)), rdb: rdb, px: rpx, forget: forget}
 	to := &confEtcd{Backend: eb, cli: cli, pxs: []*faultproxy.Proxy{epx1, epx2}, forget: forget}
 	dual, _, err = migrate.Config{From: from, To: to, Phase: phase}.Backend()
 	if err != nil {
@@ -181,6 +181,11 @@ func (h *confHarness) newBackendOf(_ context.Context, phase migrate.Phase) (back
 }
 
 func (h *confHarness) Capabilities() backend.Capabilities { return h.caps }
+
+// confMaxTTL is both stores' maximum TTL, raised from the default
+// (lock.DefaultMaxTTL): above every TTL the suite uses (ManyKeys takes
+// 2m).
+const confMaxTTL = 10 * time.Minute
 
 // Pause stops both servers with SIGSTOP; Resume continues them.
 func (h *confHarness) Pause(context.Context) error {

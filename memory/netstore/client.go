@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/distlock/lock"
 	"github.com/distlock/lock/backend"
 	"github.com/distlock/lock/memory"
 )
@@ -18,6 +19,7 @@ type Option func(*options)
 
 type options struct {
 	conns       int
+	maxTTL      time.Duration
 	dialTimeout time.Duration
 	dial        func(ctx context.Context, addr string) (net.Conn, error)
 }
@@ -28,6 +30,13 @@ const DefaultConns = 4
 // WithConns sets the number of connections a Backend sends requests on, in
 // turn (default DefaultConns). Watches use one more.
 func WithConns(n int) Option { return func(o *options) { o.conns = n } }
+
+// WithMaxTTL declares the maximum TTL of the server's store
+// (memory.WithMaxTTL; default memory.DefaultMaxTTL), from memory.MinTTL to
+// lock.MaxTTL (New refuses others). It changes nothing on the server,
+// which refuses longer TTLs itself (ErrInvalid): Capabilities reports it,
+// so that package lock refuses them before sending anything.
+func WithMaxTTL(d time.Duration) Option { return func(o *options) { o.maxTTL = d } }
 
 // WithDialTimeout bounds each connection attempt (default 5s); a call's
 // context bounds it too.
@@ -47,6 +56,7 @@ func WithDialer(dial func(ctx context.Context, addr string) (net.Conn, error)) O
 // backend.Transferer. It is safe for concurrent use.
 type Backend struct {
 	addr        string
+	caps        backend.Capabilities
 	dialer      func(ctx context.Context, addr string) (net.Conn, error)
 	dialTimeout time.Duration
 	pool        []poolSlot
@@ -78,7 +88,7 @@ var (
 // an unreachable server at once; connections lost later are made again on
 // demand.
 func New(addr string, opts ...Option) (*Backend, error) {
-	o := options{conns: DefaultConns, dialTimeout: 5 * time.Second}
+	o := options{conns: DefaultConns, dialTimeout: 5 * time.Second, maxTTL: memory.DefaultMaxTTL}
 	for _, f := range opts {
 		if f != nil {
 			f(&o)
@@ -87,13 +97,17 @@ func New(addr string, opts ...Option) (*Backend, error) {
 	if o.conns < 1 || o.dialTimeout <= 0 {
 		return nil, fmt.Errorf("%w: netstore: %d connections, dial timeout %v: want at least 1 and a positive timeout", backend.ErrInvalid, o.conns, o.dialTimeout)
 	}
+	if o.maxTTL < memory.MinTTL || o.maxTTL > lock.MaxTTL {
+		return nil, fmt.Errorf("%w: netstore: maximum TTL %v (WithMaxTTL) must be at least %v and at most %v (lock.MaxTTL)", backend.ErrInvalid, o.maxTTL, memory.MinTTL, lock.MaxTTL)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	if o.dial == nil {
 		var d net.Dialer
 		o.dial = func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }
 	}
-	b := &Backend{addr: addr, dialer: o.dial, dialTimeout: o.dialTimeout, pool: make([]poolSlot, o.conns),
+	b := &Backend{addr: addr, caps: storeCaps, dialer: o.dial, dialTimeout: o.dialTimeout, pool: make([]poolSlot, o.conns),
 		ctx: ctx, cancel: cancel, conns: map[*conn]struct{}{}}
+	b.caps.MaxTTL = o.maxTTL
 	b.notify = notifier{b: b, dialing: make(chan struct{}, 1), watches: map[uint64]*watch{}}
 	if _, err := b.slotConn(ctx, &b.pool[0]); err != nil {
 		b.Close()
@@ -110,9 +124,10 @@ var storeCaps = func() backend.Capabilities {
 }()
 
 // Capabilities implements backend.Describer: the store's, but not in the
-// process. DurableFence holds as long as the server's *memory.Store lives
-// (see the package doc); FIFO does not (a woken waiter races newcomers).
-func (b *Backend) Capabilities() backend.Capabilities { return storeCaps }
+// process, with the maximum TTL WithMaxTTL declares. DurableFence holds as
+// long as the server's *memory.Store lives (see the package doc); FIFO
+// does not (a woken waiter races newcomers).
+func (b *Backend) Capabilities() backend.Capabilities { return b.caps }
 
 // Close closes the connections. Calls in flight fail; locks held stay until
 // they expire. Calls after Close return ErrClosed.

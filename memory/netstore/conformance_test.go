@@ -40,7 +40,7 @@ const pipeLatency = 50 * time.Microsecond
 // newHarness starts a server over a new store, on loopback TCP, or on an
 // in-memory network with pipes.
 func newHarness(t *testing.T, pipes bool) *harness {
-	h := &harness{t: t, store: memory.NewStore()}
+	h := &harness{t: t, store: memory.NewStore(memory.WithMaxTTL(longestTTL))}
 	if !pipes {
 		h.srv = serve(t, h.store)
 		return h
@@ -52,13 +52,15 @@ func newHarness(t *testing.T, pipes bool) *harness {
 }
 
 // dialTo returns the proxy's dialer of the server and the backend's
-// options, for the harness's network.
+// options (the store's maximum TTL; the dialer), for the harness's
+// network.
 func (h *harness) dialTo(addr string) (func(ctx context.Context) (net.Conn, error), []netstore.Option) {
+	opts := []netstore.Option{netstore.WithMaxTTL(longestTTL)}
 	if h.pipes == nil {
-		return nil, nil
+		return nil, opts
 	}
 	return func(ctx context.Context) (net.Conn, error) { return h.pipes.Dial(ctx, addr) },
-		[]netstore.Option{netstore.WithDialer(h.pipes.Dial)}
+		append(opts, netstore.WithDialer(h.pipes.Dial))
 }
 
 var (
@@ -144,7 +146,9 @@ func TestConformance(t *testing.T) {
 	}, conformance.RequireHooks(), conformance.VirtualTime())
 }
 
-// longestTTL is the longest TTL the suite grants (ManyKeys').
+// longestTTL is the longest TTL the suite grants (ManyKeys'), and the
+// maximum TTL of the harness's store, raised from memory.DefaultMaxTTL
+// for it.
 const longestTTL = 2 * time.Minute
 
 // storeLeftClean checks, after a case's own cleanups closed its clients

@@ -73,7 +73,13 @@
 //	                     | passes it on; a lost connection wakes its watches
 //	                     | and registers them again; expiry wakes no one
 //	                     | (package lock's timer finds it)
-//	order                | not FIFO: a woken waiter races newcomers
+//	order                | not FIFO: a woken waiter races newcomers; no
+//	                     | lock is handed to a waiter (it takes the key with
+//	                     | its own request and TTL), so a waiter that died
+//	                     | holds nothing
+//	maximum TTL          | the server's store's (memory.WithMaxTTL, default
+//	                     | 1m), which refuses longer TTLs; declare it with
+//	                     | WithMaxTTL so that package lock refuses them first
 //	transfer             | refused when an acquire from another owner found
 //	                     | the lock held, so that owner gets its chance
 //	cancellation         | a call returns when its context ends, with an
