@@ -30,18 +30,18 @@
 // lives at most the waiter's own TTL (at most WithMaxTTL) after its latest
 // attempt or refresh. A waiter whose process dies while queued thus
 // delays the one behind it by at most its TTL when the holder releases,
-// and by its TTL plus the next waiter's (or lock.WithBackoff's maximum,
-// if longer) when the holder dies too (both bounded by WithMaxTTL). A release hands the dead waiter the lock, which
+// and by its TTL plus a third of the next waiter's when the holder dies
+// too (both bounded by WithMaxTTL). A release hands the dead waiter the lock, which
 // expires at most its TTL after its last refresh (before it died), and
 // the waiter behind it, first now, learns that expiry from its own
 // refresh (every third of its own TTL) and takes the key then: within
 // max(the dead waiter's TTL, a third of its own) after the release, plus
 // a round trip. If the holder's lock expires instead, nothing is handed
-// over: the dead waiter's place stays first until its record expires,
-// and the one behind it, which learns nothing from its refreshes, takes
-// the key at its next attempt, which package lock makes at least every
-// max(its own TTL, lock.WithBackoff's maximum): at most that long after
-// both the holder's lock and the dead waiter's record expired.
+// over: the dead waiter's place stays first until its record expires;
+// the one behind it drops it at its next refresh (refreshScript, every
+// third of its TTL), finds itself first and takes the key: at most that
+// long, plus a round trip, after both the holder's lock and the dead
+// waiter's record expired.
 // Redlock does not queue: its waiters subscribe to release messages and
 // wake at once instead of polling. Scripts run with EVALSHA; when the
 // server's script cache was flushed they are loaded and sent again. The
