@@ -30,12 +30,12 @@ func TestRenewalsShareAScript(t *testing.T) {
 	toks := make([]string, n)
 	for i := range toks {
 		toks[i] = newQueueToken()
-		if _, err := b.Acquire(ctx, fmt.Sprint("k", i), toks[i], time.Minute); err != nil {
+		if _, err := b.Acquire(ctx, fmt.Sprint("k", i), toks[i], 30*time.Second); err != nil {
 			t.Fatal(err)
 		}
 	}
 	lk := redis.KeysOf(redis.DefaultPrefix, fmt.Sprint("k", stolen))[0]
-	if err := direct.Set(ctx, lk, "another owner's token", time.Minute).Err(); err != nil {
+	if err := direct.Set(ctx, lk, "another owner's token", 30*time.Second).Err(); err != nil {
 		t.Fatal(err)
 	}
 
@@ -45,7 +45,7 @@ func TestRenewalsShareAScript(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range toks {
 		wg.Go(func() {
-			_, errs[i] = b.Renew(ctx, fmt.Sprint("k", i), toks[i], 2*time.Minute)
+			_, errs[i] = b.Renew(ctx, fmt.Sprint("k", i), toks[i], 50*time.Second)
 		})
 	}
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -68,8 +68,8 @@ func TestRenewalsShareAScript(t *testing.T) {
 			t.Errorf("renewal %d: %v; want it renewed", i, err)
 		case i != stolen:
 			k := redis.KeysOf(redis.DefaultPrefix, fmt.Sprint("k", i))[0]
-			if ttl := direct.PTTL(ctx, k).Val(); ttl <= time.Minute {
-				t.Errorf("renewal %d answered renewed, but the lock's TTL is %v; want over a minute", i, ttl)
+			if ttl := direct.PTTL(ctx, k).Val(); ttl <= 30*time.Second {
+				t.Errorf("renewal %d answered renewed, but the lock's TTL is %v; want over 30s", i, ttl)
 			}
 		}
 	}
