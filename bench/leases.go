@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"regexp"
 	"runtime"
 	"runtime/pprof"
 	"slices"
@@ -84,7 +85,8 @@ type storeSample struct {
 	// byCommand counts the commands the server ran by name (Redis), or
 	// the request messages it received by gRPC method (etcd).
 	byCommand map[string]int64
-	dials     int64 // connections the client opened (Consul); -1 unknown
+	usec      map[string]int64 // server time by command name, µs (Redis)
+	dials     int64            // connections the client opened (Consul); -1 unknown
 }
 
 // leaseRow is one count's figures.
@@ -99,6 +101,7 @@ type leaseRow struct {
 	reqs, trips, cmds  float64 // per lease per TTL during the hold; < 0: unknown
 	wirePerTrip        float64 // µs
 	serverCPU, selfCPU float64 // percent of one core during the hold; < 0: unknown
+	machineCPU         float64 // every core's busy time during the hold, percent of one core; < 0: unknown
 	memPerLease        float64 // bytes; < 0: unknown
 	byCommand          string  // server commands per lease per TTL by name
 	dialsPerSec        float64 // connections opened per second during the hold; < 0: unknown
@@ -143,7 +146,7 @@ func runLeases(store string, counts []int, ttl, hold time.Duration, conc int, pr
 		fmt.Fprintf(os.Stderr, "leases: %s: %d leases, TTL %v, hold %v, %d at once\n", t.desc, n, ttl, hold, conc)
 		var prof string
 		if profile != "" {
-			prof = fmt.Sprintf("%s-%s-%d.pprof", profile, store, n)
+			prof = fmt.Sprintf("%s-%s-%d", profile, store, n)
 		}
 		r := leaseRun(t, n, ttl, hold, conc, prof)
 		t.stop()
@@ -168,12 +171,12 @@ func printLeaseRows(w io.Writer, store string, ttl, hold time.Duration, rows []l
 		}
 		return fmt.Sprintf("%.0f%%", x)
 	}
-	fmt.Fprintln(w, "| store | leases | acquisitions/s | Go heap per lease | lost while acquiring / during hold | client requests per lease per TTL | round trips per lease per TTL | server commands per lease per TTL | server CPU during hold | bench CPU during hold | validity left at scans: min / p1 / median | releases/s |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintf(w, "| store | leases | acquisitions/s | Go heap per lease | lost while acquiring / during hold | client requests per lease per TTL | round trips per lease per TTL | server commands per lease per TTL | CPU during hold: server / bench / whole machine (of %d00%%) | validity left at scans: min / p1 / median | releases/s |\n", runtime.NumCPU())
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, r := range rows {
-		fmt.Fprintf(w, "| %s | %d | %.0f | %.0f B | %d / %d | %s | %s | %s | %s | %s | %.2fs / %.2fs / %.2fs | %.0f |\n",
+		fmt.Fprintf(w, "| %s | %d | %.0f | %.0f B | %d / %d | %s | %s | %s | %s / %s / %s | %.2fs / %.2fs / %.2fs | %.0f |\n",
 			store, r.n, r.acqRate, r.heapPerLease, r.lostAcq, r.lostHold,
-			num(r.reqs, 2), num(r.trips, 3), num(r.cmds, 2), pct(r.serverCPU), pct(r.selfCPU),
+			num(r.reqs, 2), num(r.trips, 3), num(r.cmds, 2), pct(r.serverCPU), pct(r.selfCPU), pct(r.machineCPU),
 			r.minLeft.Seconds(), r.p1Left.Seconds(), r.medLeft.Seconds(), r.relRate)
 	}
 	fmt.Fprintln(w)
@@ -198,7 +201,7 @@ func printLeaseRows(w io.Writer, store string, ttl, hold time.Duration, rows []l
 			fmt.Fprintf(w, "; server memory %.0f B per lease", r.memPerLease)
 		}
 		if r.byCommand != "" {
-			fmt.Fprintf(w, "; server commands per lease per TTL during the hold: %s", r.byCommand)
+			fmt.Fprintf(w, "; server commands per lease per TTL during the hold: %s (a script's time includes the commands it calls)", r.byCommand)
 		}
 		if r.dialsPerSec >= 0 {
 			fmt.Fprintf(w, "; the client opened %.0f connections/s during the hold", r.dialsPerSec)
@@ -231,6 +234,7 @@ func leaseRun(t leaseTarget, n int, ttl, hold time.Duration, conc int, profile s
 	prefix := fmt.Sprintf("leases:%d:", run.Add(1))
 
 	// Acquire.
+	stopProfile := startProfile(profile, "acquire")
 	runtime.GC()
 	runtime.GC()
 	var m0, m1 runtime.MemStats
@@ -268,6 +272,7 @@ func leaseRun(t leaseTarget, n int, ttl, hold time.Duration, conc int, profile s
 	}
 	wg.Wait()
 	progress()
+	stopProfile()
 	r.acqWall = time.Since(start)
 	r.acquired, r.acqErrs = int(acquired.Load()), int(failed.Load())
 	r.acqRate = float64(r.acquired) / r.acqWall.Seconds()
@@ -279,17 +284,8 @@ func leaseRun(t leaseTarget, n int, ttl, hold time.Duration, conc int, profile s
 	r.maxGoroutines = runtime.NumGoroutine()
 
 	// Hold.
-	if profile != "" {
-		f, err := os.Create(profile)
-		if err != nil {
-			fatal(err)
-		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			fatal(fmt.Errorf("-leaseprofile: %v (with -cpuprofile too?)", err))
-		}
-		defer f.Close()
-	}
-	s0, cpu0 := t.sample(), selfCPU()
+	stopProfile = startProfile(profile, "hold")
+	s0, cpu0, busy0 := t.sample(), selfCPU(), machineBusy()
 	holdStart := time.Now()
 	every := min(max(hold/6, time.Second), 10*time.Second)
 	for scans := 0; time.Since(holdStart) < hold; scans++ {
@@ -303,11 +299,9 @@ func leaseRun(t leaseTarget, n int, ttl, hold time.Duration, conc int, profile s
 		fmt.Fprintf(os.Stderr, "leases: held %.0fs: %d lost, validity left min %.2fs p1 %.2fs median %.2fs, %d goroutines\n",
 			time.Since(holdStart).Seconds(), sc.lost, sc.min.Seconds(), sc.p1.Seconds(), sc.med.Seconds(), runtime.NumGoroutine())
 	}
-	s1, cpu1 := t.sample(), selfCPU()
+	s1, cpu1, busy1 := t.sample(), selfCPU(), machineBusy()
 	r.holdWall = time.Since(holdStart)
-	if profile != "" {
-		pprof.StopCPUProfile()
-	}
+	stopProfile()
 	sc = scanLeases(leases, r.reasons)
 	r.lostHold = sc.lost - r.lostAcq
 	perLeaseTTL := float64(max(r.acquired, 1)) * r.holdWall.Seconds() / ttl.Seconds()
@@ -332,6 +326,9 @@ func leaseRun(t leaseTarget, n int, ttl, hold time.Duration, conc int, profile s
 			r.byCommand += ", "
 		}
 		r.byCommand += fmt.Sprintf("%s %.2f", name, per(s0.byCommand[name], s1.byCommand[name]))
+		if calls := s1.byCommand[name] - s0.byCommand[name]; s1.usec != nil && calls > 0 {
+			r.byCommand += fmt.Sprintf(" (%.1f µs each)", float64(s1.usec[name]-s0.usec[name])/float64(calls))
+		}
 	}
 	r.wirePerTrip = -1
 	if s0.trips >= 0 && s1.trips > s0.trips {
@@ -346,6 +343,10 @@ func leaseRun(t leaseTarget, n int, ttl, hold time.Duration, conc int, profile s
 		r.serverCPU = 100 * (s1.cpu - s0.cpu).Seconds() / r.holdWall.Seconds()
 	}
 	r.selfCPU = 100 * (cpu1 - cpu0).Seconds() / r.holdWall.Seconds()
+	r.machineCPU = -1
+	if busy0 >= 0 && busy1 >= 0 {
+		r.machineCPU = 100 * (busy1 - busy0).Seconds() / r.holdWall.Seconds()
+	}
 	r.memPerLease = -1
 	if s1.memory >= 0 {
 		r.memPerLease = float64(s1.memory) / float64(max(r.acquired, 1))
@@ -393,6 +394,25 @@ func leaseRun(t leaseTarget, n int, ttl, hold time.Duration, conc int, profile s
 	r.relRate = float64(released.Load()) / r.relWall.Seconds()
 	r.relLost, r.relErrs = int(lostRel.Load()), int(errRel.Load())
 	return r
+}
+
+// startProfile starts a CPU profile into prefix-phase.pprof, unless
+// prefix is "", and returns the function that ends it.
+func startProfile(prefix, phase string) (stop func()) {
+	if prefix == "" {
+		return func() {}
+	}
+	f, err := os.Create(prefix + "-" + phase + ".pprof")
+	if err != nil {
+		fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		fatal(fmt.Errorf("-leaseprofile: %v (with -cpuprofile too?)", err))
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}
 }
 
 // ticker calls f every d until the function it returns is called.
@@ -446,8 +466,10 @@ func scanLeases(leases []*lock.Lease, reasons map[string]int) leaseScan {
 	return s
 }
 
-// reasonOf is err's message with its numbers and quoted parts blotted out,
-// so that the losses of many keys group by kind.
+var longNumber = regexp.MustCompile(`[0-9]{4,}`)
+
+// reasonOf is err's message with its long numbers and quoted parts blotted
+// out, so that the losses of many keys group by kind.
 func reasonOf(err error) string {
 	var b strings.Builder
 	quoted := false
@@ -459,15 +481,13 @@ func reasonOf(err error) string {
 				b.WriteString(`"…"`)
 			}
 		case quoted:
-		case c >= '0' && c <= '9':
-			if s := b.String(); !strings.HasSuffix(s, "#") {
-				b.WriteByte('#')
-			}
 		default:
 			b.WriteRune(c)
 		}
 	}
-	s := b.String()
+	// Numbers of four digits or more (ports, durations in ns, ids) go;
+	// HTTP status codes stay.
+	s := longNumber.ReplaceAllString(b.String(), "#")
 	if len(s) > 240 {
 		s = s[:240] + "…"
 	}
@@ -503,6 +523,35 @@ func procCPU(pid int) time.Duration {
 		return -1
 	}
 	return time.Duration(ut+st) * time.Second / clockTicks
+}
+
+// machineBusy returns the time every core of the machine has spent busy
+// (not idle, not waiting for I/O), from /proc/stat, or -1.
+func machineBusy() time.Duration {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return -1
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 8 || f[0] != "cpu" {
+		return -1
+	}
+	var busy int64
+	for i, x := range f[1:] {
+		if i == 3 || i == 4 { // idle, iowait
+			continue
+		}
+		if i >= 7 { // steal, guest and guest_nice: guests are counted in user
+			break
+		}
+		v, err := strconv.ParseInt(x, 10, 64)
+		if err != nil {
+			return -1
+		}
+		busy += v
+	}
+	return time.Duration(busy) * time.Second / clockTicks
 }
 
 // clockTicks is the kernel's USER_HZ (getconf CLK_TCK): 100 on Linux.
@@ -578,7 +627,7 @@ func startRedisLeases(ttl time.Duration) leaseTarget {
 		if err != nil {
 			fatal(err)
 		}
-		s := storeSample{requests: hook.cmds.Load(), trips: hook.trips.Load(), wire: time.Duration(hook.nanos.Load()), memory: -1, cpu: -1, byCommand: map[string]int64{}, dials: -1}
+		s := storeSample{requests: hook.cmds.Load(), trips: hook.trips.Load(), wire: time.Duration(hook.nanos.Load()), memory: -1, cpu: -1, byCommand: map[string]int64{}, usec: map[string]int64{}, dials: -1}
 		var user, sys float64
 		for _, line := range strings.Split(info, "\r\n") {
 			k, v, ok := strings.Cut(line, ":")
@@ -590,7 +639,12 @@ func startRedisLeases(ttl time.Duration) leaseTarget {
 				calls, _, _ := strings.Cut(strings.TrimPrefix(v, "calls="), ",")
 				c, _ := strconv.ParseInt(calls, 10, 64)
 				s.commands += c
-				s.byCommand[strings.TrimPrefix(k, "cmdstat_")] = c
+				name := strings.TrimPrefix(k, "cmdstat_")
+				s.byCommand[name] = c
+				if _, u, ok := strings.Cut(v, ",usec="); ok {
+					u, _, _ = strings.Cut(u, ",")
+					s.usec[name], _ = strconv.ParseInt(u, 10, 64)
+				}
 			case k == "used_cpu_user":
 				user, _ = strconv.ParseFloat(v, 64)
 			case k == "used_cpu_sys":
@@ -773,6 +827,21 @@ func etcdReceived(c *http.Client, addr string) (int64, map[string]int64) {
 	return total, byMethod
 }
 
+// timedTransport counts the HTTP requests a client sends and the time
+// they take, from the request to its response's headers.
+type timedTransport struct {
+	n, nanos atomic.Int64
+	next     http.RoundTripper
+}
+
+func (t *timedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	t.n.Add(1)
+	start := time.Now()
+	resp, err := t.next.RoundTrip(r)
+	t.nanos.Add(int64(time.Since(start)))
+	return resp, err
+}
+
 // consulIdle, when > 0, is the idle connections the Consul client of the
 // leases scenario keeps per host (-consulidle); else the api package's
 // default, GOMAXPROCS+1.
@@ -781,7 +850,7 @@ var consulIdle int
 func startConsulLeases(ttl time.Duration) leaseTarget {
 	addr, pid, stopAgent := startConsul()
 	waitConsul(addr)
-	var n, dials atomic.Int64
+	var dials atomic.Int64
 	cfg := api.DefaultConfig()
 	cfg.Address = addr
 	tr := cfg.Transport
@@ -793,7 +862,8 @@ func startConsulLeases(ttl time.Duration) leaseTarget {
 		dials.Add(1)
 		return dial(ctx, network, address)
 	}
-	cfg.HttpClient = &http.Client{Transport: countingTransport{n: &n, next: tr}}
+	timed := &timedTransport{next: tr}
+	cfg.HttpClient = &http.Client{Transport: timed}
 	cli, err := api.NewClient(cfg)
 	if err != nil {
 		fatal(err)
@@ -810,7 +880,9 @@ func startConsulLeases(ttl time.Duration) leaseTarget {
 		desc:   fmt.Sprintf("consul v1.14.11 agent %s (server, data dir), client keeping %d idle connections", addr, tr.MaxIdleConnsPerHost),
 		client: c,
 		sample: func() storeSample {
-			return storeSample{requests: n.Load(), trips: -1, commands: -1, cpu: procCPU(pid), memory: -1, dials: dials.Load()}
+			// Each HTTP request is a round trip of its own.
+			n := timed.n.Load()
+			return storeSample{requests: n, trips: n, wire: time.Duration(timed.nanos.Load()), commands: -1, cpu: procCPU(pid), memory: -1, dials: dials.Load()}
 		},
 		stop: func() {
 			c.Close()

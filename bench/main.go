@@ -361,7 +361,7 @@ func main() {
 	leaseHold := flag.Duration("hold", 10*time.Second, "leases scenario: how long the leases are held")
 	leaseTTL := flag.Duration("leasettl", 6*time.Second, "leases scenario: the leases' TTL (auto-renew every TTL/3)")
 	leaseConc := flag.Int("leaseconc", 64, "leases scenario: acquisitions (and releases) in flight at once")
-	leaseProfile := flag.String("leaseprofile", "", "leases scenario: write a CPU profile of each hold to PREFIX-STORE-N.pprof")
+	leaseProfile := flag.String("leaseprofile", "", "leases scenario: write CPU profiles of each count's acquisitions and hold to PREFIX-STORE-N-acquire.pprof and PREFIX-STORE-N-hold.pprof")
 	flag.IntVar(&consulIdle, "consulidle", 0, "leases scenario on Consul: idle connections the client keeps per host (0: the api package's default, GOMAXPROCS+1)")
 	flag.Parse()
 	if maybeChild() || maybeEtcdServer() {
