@@ -108,6 +108,7 @@ type leaseRow struct {
 	minLeft, p1Left    time.Duration
 	medLeft            time.Duration
 	maxGoroutines      int
+	stackMB            float64 // goroutine stacks in use when the heap was measured, MB
 	relRate            float64
 	relLost, relErrs   int
 	relErr             string
@@ -193,7 +194,7 @@ func printLeaseRows(w io.Writer, store string, ttl, hold time.Duration, rows []l
 			}
 			fmt.Fprint(w, ")")
 		}
-		fmt.Fprintf(w, "; goroutines at most %d at the scans", r.maxGoroutines)
+		fmt.Fprintf(w, "; goroutines at most %d at the scans, stacks %.0f MB when the heap was measured", r.maxGoroutines, r.stackMB)
 		if r.wirePerTrip >= 0 {
 			fmt.Fprintf(w, "; during the hold %.1f requests per round trip, %.0f µs per round trip (mean, from send to reply, in the client)", r.reqs/r.trips, r.wirePerTrip)
 		}
@@ -279,6 +280,7 @@ func leaseRun(t leaseTarget, n int, ttl, hold time.Duration, conc int, profile s
 	runtime.GC()
 	runtime.ReadMemStats(&m1)
 	r.heapPerLease = float64(int64(m1.HeapAlloc)-int64(m0.HeapAlloc)) / float64(max(r.acquired, 1))
+	r.stackMB = float64(m1.StackInuse) / 1e6
 	sc := scanLeases(leases, nil)
 	r.lostAcq = sc.lost
 	r.maxGoroutines = runtime.NumGoroutine()
