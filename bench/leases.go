@@ -58,11 +58,18 @@ import (
 // counted by a go-redis hook, and the round trips that carried them, a
 // pipeline counting once; etcd: unary calls, streams opened and messages
 // sent on streams, counted by gRPC interceptors; Consul: HTTP requests,
-// counted by the client's transport) and commands the server ran (Redis:
-// INFO commandstats, which counts the commands scripts call too; etcd: the
+// each a round trip, counted and timed by the client's transport) and
+// commands the server ran (Redis: INFO commandstats, which counts the
+// commands scripts call too, with the server's time per command; etcd: the
 // server's grpc_server_msg_received_total, every request message it
-// received; Consul: not available); and the CPU the server and this
-// process used during the hold, in percent of one core.
+// received, by method; Consul: not available); and the CPU the server,
+// this process and the whole machine (whose cores other work may share)
+// used during the hold, in percent of one core.
+//
+// The hold's figures per TTL count the renewals that fell inside it: leases
+// acquired within a fraction of a second renew in bursts every TTL/3, so a
+// hold of a few seconds can catch one burst more or less than the steady
+// rate; a hold of a minute is within a burst in 30 of it.
 
 // leaseTarget is one store, started afresh, with the lock.Client whose
 // leases are measured.
@@ -77,8 +84,8 @@ type leaseTarget struct {
 // store cannot give is -1.
 type storeSample struct {
 	requests int64         // client requests sent
-	trips    int64         // round trips that carried them (Redis)
-	wire     time.Duration // time spent in those round trips (Redis)
+	trips    int64         // round trips that carried them (Redis, Consul)
+	wire     time.Duration // time spent in those round trips (Redis, Consul)
 	commands int64         // commands or request messages the server ran
 	cpu      time.Duration // the server process's CPU time
 	memory   int64         // the server's memory in use, bytes (Redis)
@@ -152,14 +159,16 @@ func runLeases(store string, counts []int, ttl, hold time.Duration, conc int, pr
 		r := leaseRun(t, n, ttl, hold, conc, prof)
 		t.stop()
 		rows = append(rows, r)
-		printLeaseRows(os.Stderr, store, ttl, hold, []leaseRow{r})
+		printLeaseRows(os.Stderr, store, []leaseRow{r})
 	}
 	fmt.Printf("%s; one lock.Client, TTL %v (auto-renew every TTL/3), hold %v, %d acquisitions or releases at once, GOMAXPROCS %d\n\n",
 		desc, ttl, hold, conc, runtimeProcs())
-	printLeaseRows(os.Stdout, store, ttl, hold, rows)
+	printLeaseRows(os.Stdout, store, rows)
 }
 
-func printLeaseRows(w io.Writer, store string, ttl, hold time.Duration, rows []leaseRow) {
+// printLeaseRows prints the table of rows and, under it, each count's
+// details and the kinds of losses.
+func printLeaseRows(w io.Writer, store string, rows []leaseRow) {
 	num := func(x float64, prec int) string {
 		if x < 0 {
 			return "n/a"
@@ -172,7 +181,7 @@ func printLeaseRows(w io.Writer, store string, ttl, hold time.Duration, rows []l
 		}
 		return fmt.Sprintf("%.0f%%", x)
 	}
-	fmt.Fprintf(w, "| store | leases | acquisitions/s | Go heap per lease | lost while acquiring / during hold | client requests per lease per TTL | round trips per lease per TTL | server commands per lease per TTL | CPU during hold: server / bench / whole machine (of %d00%%) | validity left at scans: min / p1 / median | releases/s |\n", runtime.NumCPU())
+	fmt.Fprintf(w, "| store | leases | acquisitions/s | Go heap per lease | lost while acquiring / during hold | client requests per lease per TTL | round trips per lease per TTL | server commands per lease per TTL | CPU during hold: server / bench / whole machine (of %d00%%) | validity left at scans, worst: min / p1 / median | releases/s |\n", runtime.NumCPU())
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, r := range rows {
 		fmt.Fprintf(w, "| %s | %d | %.0f | %.0f B | %d / %d | %s | %s | %s | %s / %s / %s | %.2fs / %.2fs / %.2fs | %.0f |\n",
