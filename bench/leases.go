@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -24,6 +25,9 @@ import (
 	"github.com/hashicorp/consul/api"
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/distlock/lock"
 	lockconsul "github.com/distlock/lock/consul"
@@ -94,33 +98,34 @@ type storeSample struct {
 	byCommand map[string]int64
 	usec      map[string]int64 // server time by command name, µs (Redis)
 	dials     int64            // connections the client opened (Consul); -1 unknown
+	timings   *etcdCounts      // the client's request times (etcd)
 }
 
 // leaseRow is one count's figures.
 type leaseRow struct {
-	n, acquired        int
-	acqErrs            int
-	acqErr             string
-	acqRate            float64
-	heapPerLease       float64
-	lostAcq, lostHold  int
-	reasons            map[string]int
-	reqs, trips, cmds  float64 // per lease per TTL during the hold; < 0: unknown
-	wirePerTrip        float64 // µs
-	serverCPU, selfCPU float64 // percent of one core during the hold; < 0: unknown
-	machineCPU         float64 // every core's busy time during the hold, percent of one core; < 0: unknown
-	memPerLease        float64 // bytes; < 0: unknown
-	byCommand          string  // server commands per lease per TTL by name
-	dialsPerSec        float64 // connections opened per second during the hold; < 0: unknown
-	minLeft, p1Left    time.Duration
-	medLeft            time.Duration
-	maxGoroutines      int
-	stackMB            float64 // goroutine stacks in use when the heap was measured, MB
-	relRate            float64
-	relLost, relErrs   int
-	relErr             string
-	holdWall, acqWall  time.Duration
-	relWall            time.Duration
+	n, acquired       int
+	acqErrs           int
+	acqErr            string
+	acqRate           float64
+	heapPerLease      float64
+	lostAcq, lostHold int
+	reasons           map[string]int
+	reqs, trips, cmds float64  // per lease per TTL during the hold; < 0: unknown
+	wirePerTrip       float64  // µs
+	holdCPU, acqCPU   cpuShare // during the hold, and while acquiring
+	latency           string   // the client's request times during the hold (etcd)
+	memPerLease       float64  // bytes; < 0: unknown
+	byCommand         string   // server commands per lease per TTL by name
+	dialsPerSec       float64  // connections opened per second during the hold; < 0: unknown
+	minLeft, p1Left   time.Duration
+	medLeft           time.Duration
+	maxGoroutines     int
+	stackMB           float64 // goroutine stacks in use when the heap was measured, MB
+	relRate           float64
+	relLost, relErrs  int
+	relErr            string
+	holdWall, acqWall time.Duration
+	relWall           time.Duration
 }
 
 // parseCounts parses "10000,100k,1m".
@@ -175,18 +180,12 @@ func printLeaseRows(w io.Writer, store string, rows []leaseRow) {
 		}
 		return strconv.FormatFloat(x, 'f', prec, 64)
 	}
-	pct := func(x float64) string {
-		if x < 0 {
-			return "n/a"
-		}
-		return fmt.Sprintf("%.0f%%", x)
-	}
 	fmt.Fprintf(w, "| store | leases | acquisitions/s | Go heap per lease | lost while acquiring / during hold | client requests per lease per TTL | round trips per lease per TTL | server commands per lease per TTL | CPU during hold: server / bench / whole machine (of %d00%%) | validity left at scans, worst: min / p1 / median | releases/s |\n", runtime.NumCPU())
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, r := range rows {
-		fmt.Fprintf(w, "| %s | %d | %.0f | %.0f B | %d / %d | %s | %s | %s | %s / %s / %s | %.2fs / %.2fs / %.2fs | %.0f |\n",
+		fmt.Fprintf(w, "| %s | %d | %.0f | %.0f B | %d / %d | %s | %s | %s | %s | %.2fs / %.2fs / %.2fs | %.0f |\n",
 			store, r.n, r.acqRate, r.heapPerLease, r.lostAcq, r.lostHold,
-			num(r.reqs, 2), num(r.trips, 3), num(r.cmds, 2), pct(r.serverCPU), pct(r.selfCPU), pct(r.machineCPU),
+			num(r.reqs, 2), num(r.trips, 3), num(r.cmds, 2), r.holdCPU,
 			r.minLeft.Seconds(), r.p1Left.Seconds(), r.medLeft.Seconds(), r.relRate)
 	}
 	fmt.Fprintln(w)
@@ -195,6 +194,7 @@ func printLeaseRows(w io.Writer, store string, rows []leaseRow) {
 		if r.acqErrs > 0 {
 			fmt.Fprintf(w, " (%d failed; first: %s)", r.acqErrs, r.acqErr)
 		}
+		fmt.Fprintf(w, ", CPU meanwhile: server / bench / whole machine %s", r.acqCPU)
 		fmt.Fprintf(w, "; held %.1fs; released in %.1fs", r.holdWall.Seconds(), r.relWall.Seconds())
 		if r.relLost > 0 || r.relErrs > 0 {
 			fmt.Fprintf(w, " (%d reported lost, %d other errors", r.relLost, r.relErrs)
@@ -211,7 +211,13 @@ func printLeaseRows(w io.Writer, store string, rows []leaseRow) {
 			fmt.Fprintf(w, "; server memory %.0f B per lease", r.memPerLease)
 		}
 		if r.byCommand != "" {
-			fmt.Fprintf(w, "; server commands per lease per TTL during the hold: %s (a script's time includes the commands it calls)", r.byCommand)
+			fmt.Fprintf(w, "; server commands per lease per TTL during the hold: %s", r.byCommand)
+			if strings.Contains(r.byCommand, "µs each") {
+				fmt.Fprint(w, " (a script's time includes the commands it calls)")
+			}
+		}
+		if r.latency != "" {
+			fmt.Fprintf(w, "; during the hold %s", r.latency)
 		}
 		if r.dialsPerSec >= 0 {
 			fmt.Fprintf(w, "; the client opened %.0f connections/s during the hold", r.dialsPerSec)
@@ -251,6 +257,7 @@ func leaseRun(t leaseTarget, n int, ttl, hold time.Duration, conc int, profile s
 	runtime.ReadMemStats(&m0)
 	var next, acquired, failed atomic.Int64
 	var errMu sync.Mutex
+	a0, acpu0, abusy0 := t.sample(), selfCPU(), machineBusy()
 	start := time.Now()
 	progress := ticker(5*time.Second, func() {
 		a := acquired.Load()
@@ -284,6 +291,8 @@ func leaseRun(t leaseTarget, n int, ttl, hold time.Duration, conc int, profile s
 	progress()
 	stopProfile()
 	r.acqWall = time.Since(start)
+	a1, acpu1, abusy1 := t.sample(), selfCPU(), machineBusy()
+	r.acqCPU = cpuShares(a0.cpu, a1.cpu, acpu0, acpu1, abusy0, abusy1, r.acqWall)
 	r.acquired, r.acqErrs = int(acquired.Load()), int(failed.Load())
 	r.acqRate = float64(r.acquired) / r.acqWall.Seconds()
 	runtime.GC()
@@ -349,14 +358,10 @@ func leaseRun(t leaseTarget, n int, ttl, hold time.Duration, conc int, profile s
 	if s0.dials >= 0 && s1.dials >= 0 {
 		r.dialsPerSec = float64(s1.dials-s0.dials) / r.holdWall.Seconds()
 	}
-	r.serverCPU = -1
-	if s0.cpu >= 0 && s1.cpu >= 0 {
-		r.serverCPU = 100 * (s1.cpu - s0.cpu).Seconds() / r.holdWall.Seconds()
-	}
-	r.selfCPU = 100 * (cpu1 - cpu0).Seconds() / r.holdWall.Seconds()
-	r.machineCPU = -1
-	if busy0 >= 0 && busy1 >= 0 {
-		r.machineCPU = 100 * (busy1 - busy0).Seconds() / r.holdWall.Seconds()
+	r.holdCPU = cpuShares(s0.cpu, s1.cpu, cpu0, cpu1, busy0, busy1, r.holdWall)
+	r.latency = ""
+	if s1.timings != nil {
+		r.latency = s1.timings.since(s0.timings)
 	}
 	r.memPerLease = -1
 	if s1.memory >= 0 {
@@ -405,6 +410,33 @@ func leaseRun(t leaseTarget, n int, ttl, hold time.Duration, conc int, profile s
 	r.relRate = float64(released.Load()) / r.relWall.Seconds()
 	r.relLost, r.relErrs = int(lostRel.Load()), int(errRel.Load())
 	return r
+}
+
+// cpuShare is the CPU the server, this process and the whole machine used
+// in a period, in percent of one core; < 0: unknown.
+type cpuShare struct{ server, self, machine float64 }
+
+// cpuShares returns the shares of a period of length wall from CPU times
+// at its start and its end (< 0: unknown).
+func cpuShares(server0, server1, self0, self1, busy0, busy1, wall time.Duration) cpuShare {
+	pct := func(a, b time.Duration) float64 {
+		if a < 0 || b < 0 {
+			return -1
+		}
+		return 100 * (b - a).Seconds() / wall.Seconds()
+	}
+	return cpuShare{pct(server0, server1), pct(self0, self1), pct(busy0, busy1)}
+}
+
+// String formats s as "server / bench / machine".
+func (s cpuShare) String() string {
+	pct := func(x float64) string {
+		if x < 0 {
+			return "n/a"
+		}
+		return fmt.Sprintf("%.0f%%", x)
+	}
+	return pct(s.server) + " / " + pct(s.self) + " / " + pct(s.machine)
 }
 
 // startProfile starts a CPU profile into prefix-phase.pprof, unless
@@ -774,8 +806,8 @@ func startEtcdProcess() (string, int, func()) {
 
 func startEtcdLeases(ttl time.Duration) leaseTarget {
 	addr, pid, stopServer := startEtcdProcess()
-	var n atomic.Int64
-	cli := etcdClient(addr, &n)
+	tm := &etcdTimings{}
+	cli := etcdTimedClient(addr, tm)
 	b, err := locketcd.New(cli)
 	if err != nil {
 		fatal(err)
@@ -787,7 +819,8 @@ func startEtcdLeases(ttl time.Duration) leaseTarget {
 	metrics := &http.Client{Timeout: 5 * time.Second}
 	sample := func() storeSample {
 		received, byMethod := etcdReceived(metrics, addr)
-		return storeSample{requests: n.Load(), trips: -1, commands: received, byCommand: byMethod, cpu: procCPU(pid), memory: -1, dials: -1}
+		snap := tm.snapshot()
+		return storeSample{requests: snap.requests, trips: -1, commands: received, byCommand: byMethod, cpu: procCPU(pid), memory: -1, dials: -1, timings: &snap}
 	}
 	return leaseTarget{
 		desc:   fmt.Sprintf("etcd v3.7.3 server %s (embedded, fsync on, in a process of its own)", addr),
@@ -799,6 +832,134 @@ func startEtcdLeases(ttl time.Duration) leaseTarget {
 			stopServer()
 		},
 	}
+}
+
+// etcdTimings counts an etcd client's requests as etcdClient does (unary
+// calls, streams opened, messages sent on streams) and times its unary
+// calls by method and its lease keep-alives: the server answers a stream's
+// keep-alives in the order it received them, so each answer is matched
+// with the oldest keep-alive sent on its stream that has none yet.
+type etcdTimings struct {
+	mu sync.Mutex
+	c  etcdCounts
+}
+
+// etcdCounts is what etcdTimings counted up to a moment.
+type etcdCounts struct {
+	requests int64
+	unary    map[string]timing // by method
+	ka       timing            // keep-alives, from send to answer
+}
+
+type timing struct {
+	n     int64
+	total time.Duration
+}
+
+func (t *etcdTimings) snapshot() etcdCounts {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := t.c
+	out.unary = maps.Clone(t.c.unary)
+	return out
+}
+
+func (t *etcdTimings) add(f func(c *etcdCounts)) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.c.unary == nil {
+		t.c.unary = map[string]timing{}
+	}
+	f(&t.c)
+}
+
+// since formats the mean times of the requests made after a.
+func (c etcdCounts) since(a *etcdCounts) string {
+	var parts []string
+	mean := func(name string, b, a timing) {
+		if n := b.n - a.n; n > 0 {
+			parts = append(parts, fmt.Sprintf("%s %.0f µs (mean of %d)", name, float64((b.total-a.total).Microseconds())/float64(n), n))
+		}
+	}
+	mean("keep-alive, send to answer on the stream,", c.ka, a.ka)
+	for _, m := range slices.Sorted(maps.Keys(c.unary)) {
+		mean(m[strings.LastIndexByte(m, '/')+1:], c.unary[m], a.unary[m])
+	}
+	return strings.Join(parts, ", ")
+}
+
+// etcdTimedClient returns a client of addr whose requests t counts and
+// times.
+func etcdTimedClient(addr string, t *etcdTimings) *clientv3.Client {
+	unary := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		t.add(func(c *etcdCounts) { c.requests++ })
+		start := time.Now()
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		d := time.Since(start)
+		t.add(func(c *etcdCounts) {
+			x := c.unary[method]
+			x.n++
+			x.total += d
+			c.unary[method] = x
+		})
+		return err
+	}
+	stream := func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		t.add(func(c *etcdCounts) { c.requests++ })
+		s, err := streamer(ctx, desc, cc, method, opts...)
+		if err != nil {
+			return nil, err
+		}
+		return &timedStream{ClientStream: s, t: t, keepAlive: strings.HasSuffix(method, "/LeaseKeepAlive")}, nil
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   []string{addr},
+		DialTimeout: 5 * time.Second,
+		Logger:      zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(unary), grpc.WithChainStreamInterceptor(stream)},
+	})
+	if err != nil {
+		fatal(err)
+	}
+	return cli
+}
+
+// timedStream counts the messages sent on a stream and, on a keep-alive
+// stream, times each answer from its request's send.
+type timedStream struct {
+	grpc.ClientStream
+	t         *etcdTimings
+	keepAlive bool
+	mu        sync.Mutex
+	sent      []time.Time // keep-alives without an answer yet, oldest first
+}
+
+func (s *timedStream) SendMsg(m any) error {
+	s.t.add(func(c *etcdCounts) { c.requests++ })
+	if s.keepAlive {
+		s.mu.Lock()
+		s.sent = append(s.sent, time.Now())
+		s.mu.Unlock()
+	}
+	return s.ClientStream.SendMsg(m)
+}
+
+func (s *timedStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if err == nil && s.keepAlive {
+		s.mu.Lock()
+		var d time.Duration
+		if len(s.sent) > 0 {
+			d = time.Since(s.sent[0])
+			s.sent = s.sent[1:]
+		}
+		s.mu.Unlock()
+		s.t.add(func(c *etcdCounts) {
+			c.ka.n++
+			c.ka.total += d
+		})
+	}
+	return err
 }
 
 // etcdReceived returns the request messages the etcd server on addr has
