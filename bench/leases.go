@@ -277,7 +277,7 @@ func leaseRun(t leaseTarget, n int, ttl, hold time.Duration, conc int, profile s
 				if err != nil {
 					if failed.Add(1) == 1 {
 						errMu.Lock()
-						r.acqErr = err.Error()
+						r.acqErr = oneLine(err.Error())
 						errMu.Unlock()
 					}
 					continue
@@ -396,7 +396,7 @@ func leaseRun(t leaseTarget, n int, ttl, hold time.Duration, conc int, profile s
 				default:
 					if errRel.Add(1) == 1 {
 						errMu.Lock()
-						r.relErr = err.Error()
+						r.relErr = oneLine(err.Error())
 						errMu.Unlock()
 					}
 				}
@@ -530,11 +530,16 @@ func reasonOf(err error) string {
 	}
 	// Numbers of four digits or more (ports, durations in ns, ids) go;
 	// HTTP status codes stay.
-	s := longNumber.ReplaceAllString(b.String(), "#")
+	s := longNumber.ReplaceAllString(oneLine(b.String()), "#")
 	if len(s) > 240 {
 		s = s[:240] + "…"
 	}
 	return s
+}
+
+// oneLine returns s on one line: Consul's error texts end in a newline.
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
 }
 
 // selfCPU returns the CPU time this process has used.
