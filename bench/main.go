@@ -18,6 +18,10 @@
 //     idle while someone waits); requests per section = commands the client
 //     sent (counted by a go-redis hook) / sections; gap = median time from
 //     the end of one section to the start of the next.
+//
+// The leases scenario (-only leases, on any -store; see leases.go) holds
+// many leases at once through one client and reports what keeping them
+// costs.
 package main
 
 import (
