@@ -223,8 +223,9 @@ func fatal(err error) {
 }
 
 // startConsul starts a single-server agent with a data dir on free ports
-// and returns its HTTP address and a function that stops it.
-func startConsul() (string, func()) {
+// and returns its HTTP address, its process id and a function that stops
+// it.
+func startConsul() (string, int, func()) {
 	bin := os.Getenv("LOCK_CONSUL_BIN")
 	if bin == "" {
 		out, err := exec.Command("../scripts/build-consul").Output()
@@ -263,12 +264,12 @@ func startConsul() (string, func()) {
 		}
 		os.RemoveAll(dir)
 	}
-	return addr, stop
+	return addr, cmd.Process.Pid, stop
 }
 
 // runConsul prints the Consul table.
 func runConsul(rounds int, dur, hotDur time.Duration, want func(string) bool) {
-	addr, stop := startConsul()
+	addr, _, stop := startConsul()
 	defer stop()
 	waitConsul(addr)
 	fmt.Printf("consul agent %s (server, data dir), %d rounds, GOMAXPROCS %d\n\n", addr, rounds, runtimeProcs())

@@ -18,6 +18,10 @@
 //     idle while someone waits); requests per section = commands the client
 //     sent (counted by a go-redis hook) / sections; gap = median time from
 //     the end of one section to the start of the next.
+//
+// The leases scenario (-only leases, on any -store; see leases.go) holds
+// many leases at once through one client and reports what keeping them
+// costs.
 package main
 
 import (
@@ -354,11 +358,17 @@ func main() {
 	rounds := flag.Int("rounds", 5, "interleaved rounds per scenario; the table shows medians")
 	dur := flag.Duration("duration", time.Second, "length of one cycles measurement")
 	hotDur := flag.Duration("hot", 3*time.Second, "length of one hot-key measurement")
-	only := flag.String("only", "", "comma-separated scenarios to run (default all): one,own,hot,sep,procs for Redis, one,hot,sep for Consul and etcd, and ops for etcd (each request of a one-goroutine cycle, timed) (sep: the hot key with 16 separate clients in this process; procs: with 16 separate processes)")
+	only := flag.String("only", "", "comma-separated scenarios to run (default all): one,own,hot,sep,procs for Redis, one,hot,sep for Consul and etcd, and ops for etcd (each request of a one-goroutine cycle, timed) (sep: the hot key with 16 separate clients in this process; procs: with 16 separate processes); leases (many leases held by one client, on any store; never part of the default, and run alone)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	store := flag.String("store", "redis", "the store to measure: redis (this library beside redislock, redsync and the floors), consul (beside api.Lock) or etcd (beside concurrency.Mutex)")
+	leaseCounts := flag.String("leases", "1000,10000", "leases scenario: comma-separated numbers of leases held at once, each measured on a server started afresh (10k, 1m allowed)")
+	leaseHold := flag.Duration("hold", 10*time.Second, "leases scenario: how long the leases are held")
+	leaseTTL := flag.Duration("leasettl", 6*time.Second, "leases scenario: the leases' TTL (auto-renew every TTL/3)")
+	leaseConc := flag.Int("leaseconc", 64, "leases scenario: acquisitions (and releases) in flight at once")
+	leaseProfile := flag.String("leaseprofile", "", "leases scenario: write CPU profiles of each count's acquisitions and hold to PREFIX-STORE-N-acquire.pprof and PREFIX-STORE-N-hold.pprof")
+	flag.IntVar(&consulIdle, "consulidle", 0, "leases scenario on Consul: idle connections the client keeps per host (0: the api package's default, GOMAXPROCS+1)")
 	flag.Parse()
-	if maybeChild() {
+	if maybeChild() || maybeEtcdServer() {
 		return
 	}
 	if *cpuprofile != "" {
@@ -371,6 +381,17 @@ func main() {
 		defer pprof.StopCPUProfile()
 	}
 	want := func(s string) bool { return *only == "" || strings.Contains(*only, s) }
+	if strings.Contains(*only, "leases") {
+		counts, err := parseCounts(*leaseCounts)
+		if err != nil {
+			fatal(err)
+		}
+		if *leaseConc < 1 || *leaseHold <= 0 || *leaseTTL <= 0 {
+			fatal(fmt.Errorf("-leaseconc, -hold and -leasettl must be positive"))
+		}
+		runLeases(*store, counts, *leaseTTL, *leaseHold, *leaseConc, *leaseProfile)
+		return
+	}
 	switch *store {
 	case "consul":
 		runConsul(*rounds, *dur, *hotDur, want)
