@@ -47,7 +47,8 @@ type batcher struct {
 	pipe pipeliner // nil: no pipelining
 	proc processor // nil: the client cannot send a request only once (see runOnce)
 	// renewals says how queued renewals may share one script (see
-	// renewBatch): one script for all, one per Cluster hash slot, or none.
+	// renewbatch.go): one script for all, one per Cluster hash slot, or
+	// none.
 	renewals coalescing
 	// deadlines is true when rdb ends a socket read or write at the
 	// call's context deadline (go-redis's ContextTimeoutEnabled).
