@@ -46,9 +46,8 @@
 // wake at once instead of polling. Scripts run with EVALSHA; when the
 // server's script cache was flushed they are loaded and sent again. The
 // single deployment's acquires, transfers, waiters' attempts and releases
-// are never sent again by go-redis after a lost reply; the backend sends
-// the first three again itself, and knows it did (see quietrelease.go).
-// Redlock's requests may be sent again by go-redis; an acquire that
+// go out once: go-redis does not send them again after a lost reply (see
+// quietrelease.go). Redlock's requests may be sent again; an acquire that
 // go-redis retried after a lost reply finds its own token and reports the
 // lock as taken.
 //
