@@ -416,11 +416,8 @@ func (p *place) Attempt(ctx context.Context, a waitq.Attempt) (waitq.Result, err
 		subscribed = true
 	}
 	sent := time.Now()
-	var out []int64
-	err := b.suspects.resending(ctx, a.Token, func() (err error) {
-		out, err = b.batch.runOnce(ctx, placeAcquireScript, p.acquireKeys(a.Token), a.Token, ms(a.TTL), p.id, a.Prev, recordPrefixOf(p.lk), ch, b.opts.maxWaiters).Int64Slice()
-		return err
-	})
+	out, err := b.batch.runOnce(ctx, placeAcquireScript, p.acquireKeys(a.Token), a.Token, ms(a.TTL), p.id, a.Prev, recordPrefixOf(p.lk), ch, b.opts.maxWaiters).Int64Slice()
+	b.suspects.failed(a.Token, err)
 	if err == nil && (len(out) == 0 || len(out) > 2 || (out[0] <= 0) != (len(out) == 2)) {
 		err = fmt.Errorf("unexpected script reply %v", out)
 	}

@@ -1,10 +1,8 @@
 package redis
 
 import (
-	"context"
 	"errors"
 	"sync"
-	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 )
@@ -25,10 +23,7 @@ import (
 //     attempt, Transfer to it) and Release go out with runOnce: go-redis
 //     never sends them again once they may have reached the connection.
 //     So a reply received means the one copy has run, and none is left on
-//     its way; a lost reply is an error, which the backend sees. The
-//     backend itself sends the first three again after an unknown
-//     outcome (resending), as go-redis would, and the token is then a
-//     suspect; a release is not sent again (see below).
+//     its way; a lost reply is an error, which the backend sees.
 //   - A token any such request of which failed (an unknown outcome: the
 //     caller's context ended, the connection broke) is a suspect, and
 //     stays one until a release of it that kills it (with a tombstone) has
@@ -124,40 +119,6 @@ func (s *suspects) killed(token string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.m, token)
-}
-
-// resendPauses are the pauses before the backend sends a request that
-// can take a key again, after an unknown outcome: go-redis's own retry
-// policy (three tries, from 8ms), which runOnce turns off.
-var resendPauses = []time.Duration{8 * time.Millisecond, 64 * time.Millisecond}
-
-// resending runs send, which sends a request of token that can take a key
-// (an acquire, a place's attempt, a transfer to token), and sends it again
-// after an unknown outcome while ctx lasts, up to len(resendPauses) times,
-// as go-redis would (a pooled connection the server closed fails the first
-// send). The token is a suspect from the first unknown outcome on: a copy
-// may still be on its way, so its release must kill it. Each script
-// answers a copy that finds its own token's grant with that grant, with
-// the expiry counted from the copy (see acquireScript), so the caller's
-// deadline, counted from before the first send, stays within the store's.
-func (s *suspects) resending(ctx context.Context, token string, send func() error) error {
-	err := send()
-	for _, pause := range resendPauses {
-		if err == nil || isReply(err) || ctx.Err() != nil {
-			break
-		}
-		s.failed(token, err)
-		t := time.NewTimer(pause)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return err
-		}
-		err = send()
-	}
-	s.failed(token, err)
-	return err
 }
 
 // isReply reports whether err is the server's reply (the script ran, or

@@ -741,11 +741,8 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	if sk := b.opts.slotFenceKey(lk); sk != "" {
 		ks = append(ks, sk)
 	}
-	var res int64
-	err := b.suspects.resending(ctx, token, func() (err error) {
-		res, err = b.batch.runOnce(ctx, acquireScript, ks, token, ms(ttl), queueKeyOf(lk), recordPrefixOf(lk)).Int64()
-		return err
-	})
+	res, err := b.batch.runOnce(ctx, acquireScript, ks, token, ms(ttl), queueKeyOf(lk), recordPrefixOf(lk)).Int64()
+	b.suspects.failed(token, err)
 	if err != nil {
 		return backend.Grant{}, acquireErr(err)
 	}
@@ -816,11 +813,8 @@ func (b *Backend) Transfer(ctx context.Context, key, from, to string, ttl time.D
 	if sk := b.opts.slotFenceKey(lk); sk != "" {
 		ks = append(ks, sk)
 	}
-	var res []int64
-	err := b.suspects.resending(ctx, to, func() (err error) {
-		res, err = b.batch.runOnce(ctx, transferScript, ks, from, to, ms(ttl), opt.Fence, reserve).Int64Slice()
-		return err
-	})
+	res, err := b.batch.runOnce(ctx, transferScript, ks, from, to, ms(ttl), opt.Fence, reserve).Int64Slice()
+	b.suspects.failed(to, err)
 	switch {
 	case err != nil:
 		return backend.Transferred{}, storeErr("transfer", err)
