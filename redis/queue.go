@@ -547,8 +547,6 @@ func (b *Backend) releaseWith(ctx context.Context, lk, token, rec, id string, qu
 		b.suspects.failed(token, err) // a release sent again kills it
 	case !quiet:
 		b.suspects.killed(token)
-	case n >= 1 && id == "":
-		b.suspects.quietlyReleased(token)
 	}
 	if err == nil && n == 2 {
 		// Released, but the search for a waiter stopped at its bound:

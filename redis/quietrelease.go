@@ -50,47 +50,9 @@ import (
 // A client that cannot send a request only once (a Client of the caller's
 // own without Process; see batcher.sendsOnce) gets tombstones on every
 // release, as before.
-//
-// The backend contract still asks that a release sent again after it took
-// effect answer "released". No client library sends one now; a caller
-// that calls Release twice gets that answer from the backend's memory of
-// its latest quiet releases that took effect (maxQuietMemory of them), which
-// is the tombstone's answer: the token's lock is gone, and no request that
-// could give it back is on its way.
 type suspects struct {
 	mu sync.Mutex
 	m  map[string]struct{}
-	// released are the latest tokens whose quiet release took effect,
-	// oldest first in order.
-	released map[string]struct{}
-	order    []string
-}
-
-// maxQuietMemory bounds the tokens whose quiet release the backend
-// remembers (see suspects): about 100 bytes each.
-const maxQuietMemory = 1024
-
-// quietlyReleased notes that token's quiet release deleted its lock.
-func (s *suspects) quietlyReleased(token string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.released == nil {
-		s.released = map[string]struct{}{}
-	}
-	if len(s.order) == maxQuietMemory {
-		delete(s.released, s.order[0])
-		s.order = s.order[1:]
-	}
-	s.released[token] = struct{}{}
-	s.order = append(s.order, token)
-}
-
-// releasedBefore reports whether token's quiet release took effect.
-func (s *suspects) releasedBefore(token string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	_, ok := s.released[token]
-	return ok
 }
 
 // failed notes a request of token whose outcome is unknown.

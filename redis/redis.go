@@ -781,11 +781,7 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 		return err
 	}
 	lk, _ := keys(b.opts.prefix, key)
-	quiet := b.batch.sendsOnce() && !b.suspects.has(token)
-	if quiet && b.suspects.releasedBefore(token) {
-		return nil // released before, quietly (see quietrelease.go)
-	}
-	n, err := b.releaseWith(ctx, lk, token, "", "", quiet)
+	n, err := b.releaseWith(ctx, lk, token, "", "", b.batch.sendsOnce() && !b.suspects.has(token))
 	if err != nil {
 		return storeErr("release", err)
 	}
