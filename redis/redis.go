@@ -43,11 +43,8 @@
 // long, plus a round trip, after both the holder's lock and the dead
 // waiter's record expired.
 // Redlock does not queue: its waiters subscribe to release messages and
-// wake at once instead of polling. Scripts run with EVALSHA; when the
-// server's script cache was flushed they are loaded and sent again. The
-// single deployment's acquires, transfers, waiters' attempts and releases
-// go out once: go-redis does not send them again after a lost reply (see
-// quietrelease.go). Redlock's requests may be sent again; an acquire that
+// wake at once instead of polling. Scripts run with EVALSHA and fall back
+// to EVAL when the server's script cache was flushed. An acquire that
 // go-redis retried after a lost reply finds its own token and reports the
 // lock as taken.
 //
@@ -92,8 +89,7 @@
 // lease's expiry), "PREFIX{KEY}:next" while a handover reserved a fence
 // (expires with the lock), the waiters' queue "PREFIX{KEY}:q" and one
 // record "PREFIX{KEY}:w:ID" per waiter while any wait (each expires a TTL
-// after its waiter's last refresh), "PREFIX{KEY}:dead:TOKEN" per release
-// of a token with a request of unknown outcome, and per Redlock release (a
+// after its waiter's last refresh), "PREFIX{KEY}:dead:TOKEN" per release (a
 // tombstone of about 100 bytes that lives 15 seconds), and the fence
 // counter "PREFIX{KEY}:fence", which has no expiry: a fence must be greater
 // than every fence granted before for the key, also after the lock itself
