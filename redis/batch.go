@@ -45,7 +45,6 @@ const maxOnWire = 4
 type batcher struct {
 	rdb  Client
 	pipe pipeliner // nil: no pipelining
-	proc processor // nil: the client cannot send a request only once (see runOnce)
 	// renewals says how queued renewals may share one script (see
 	// renewbatch.go): one script for all, one per Cluster hash slot, or
 	// none.
@@ -69,24 +68,14 @@ type call struct {
 	script *goredis.Script
 	keys   []string
 	args   []any
-	once   bool // sent once at most (see runOnce)
 	cmd    *goredis.Cmd
 	done   chan struct{}
-}
-
-// processor sends a command of any kind: every go-redis client and
-// pipeline has it.
-type processor interface {
-	Process(ctx context.Context, cmd goredis.Cmder) error
 }
 
 func newBatcher(rdb Client, owned bool) *batcher {
 	b := &batcher{rdb: rdb, deadlines: honoursDeadlines(rdb), owned: owned}
 	if p, ok := rdb.(pipeliner); ok {
 		b.pipe = p
-	}
-	if p, ok := rdb.(processor); ok {
-		b.proc = p
 	}
 	switch rdb.(type) {
 	case *goredis.Client:
@@ -95,54 +84,6 @@ func newBatcher(rdb Client, owned bool) *batcher {
 		b.renewals = coalesceBySlot
 	}
 	return b
-}
-
-// sendsOnce reports whether runOnce keeps its promise on this client: a
-// client without Process (a Scripter of the caller's own) may send a
-// request again after a lost reply, as go-redis does by default.
-func (b *batcher) sendsOnce() bool { return b.proc != nil }
-
-// onceCmd is a script request that go-redis sends at most once: after a
-// lost reply it returns the error instead of sending the request again
-// (Cmder.NoRetry). go-redis still sends it again when the first send never
-// reached the connection, which is no second execution.
-type onceCmd struct{ *goredis.Cmd }
-
-func (onceCmd) NoRetry() bool { return true }
-
-// evalSha builds the EVALSHA request of script, as Script.EvalSha does.
-func evalSha(ctx context.Context, script *goredis.Script, keys []string, args []any) *goredis.Cmd {
-	a := make([]any, 0, 3+len(keys)+len(args))
-	a = append(a, "evalsha", script.Hash(), len(keys))
-	for _, k := range keys {
-		a = append(a, k)
-	}
-	a = append(a, args...)
-	cmd := goredis.NewCmd(ctx, a...)
-	if len(keys) > 0 {
-		cmd.SetFirstKeyPos(3)
-	}
-	return cmd
-}
-
-// runScript runs script on the client, once at most when once is set:
-// EVALSHA, and after NOSCRIPT (the script did not run: the server's
-// script cache was flushed) SCRIPT LOAD and EVALSHA again.
-func (b *batcher) runScript(ctx context.Context, script *goredis.Script, keys []string, args []any, once bool) *goredis.Cmd {
-	if !once || b.proc == nil {
-		return script.Run(ctx, b.rdb, keys, args...)
-	}
-	cmd := evalSha(ctx, script, keys, args)
-	_ = b.proc.Process(ctx, onceCmd{cmd})
-	if goredis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-		if err := script.Load(ctx, b.rdb).Err(); err != nil {
-			cmd.SetErr(err)
-			return cmd
-		}
-		cmd = evalSha(ctx, script, keys, args)
-		_ = b.proc.Process(ctx, onceCmd{cmd})
-	}
-	return cmd
 }
 
 // honoursDeadlines reports whether rdb ends its socket reads and writes at a
@@ -166,34 +107,21 @@ func honoursDeadlines(rdb Client) bool {
 type withOptions[T any] interface{ Options() *T }
 
 // run runs script with keys and args and returns its reply. It returns
-// when ctx ends, however rdb was built (see direct). go-redis may send the
-// request again after a lost reply, so the script may run twice.
+// when ctx ends, however rdb was built (see direct).
 func (b *batcher) run(ctx context.Context, script *goredis.Script, keys []string, args ...any) *goredis.Cmd {
-	return b.runAs(ctx, script, keys, args, false)
-}
-
-// runOnce is run for a request that the server must run at most once, so
-// that a reply received means no copy of the request is left on its way
-// (see Dead tokens in redis.go): after a lost reply the call returns the
-// error, and the outcome is unknown. Only where sendsOnce holds.
-func (b *batcher) runOnce(ctx context.Context, script *goredis.Script, keys []string, args ...any) *goredis.Cmd {
-	return b.runAs(ctx, script, keys, args, true)
-}
-
-func (b *batcher) runAs(ctx context.Context, script *goredis.Script, keys []string, args []any, once bool) *goredis.Cmd {
 	if b.owned {
 		ctx = markOwned(ctx)
 	}
 	if b.pipe == nil {
-		return b.direct(ctx, script, keys, args, once, nil)
+		return b.direct(ctx, script, keys, args, nil)
 	}
 	b.mu.Lock()
 	if b.onWire < maxOnWire && len(b.queue) == 0 {
 		b.onWire++
 		b.mu.Unlock()
-		return b.direct(ctx, script, keys, args, once, b.returned)
+		return b.direct(ctx, script, keys, args, b.returned)
 	}
-	c := &call{ctx: ctx, script: script, keys: keys, args: args, once: once, done: make(chan struct{})}
+	c := &call{ctx: ctx, script: script, keys: keys, args: args, done: make(chan struct{})}
 	b.queue = append(b.queue, c)
 	b.mu.Unlock()
 	select {
@@ -219,10 +147,10 @@ func (b *batcher) runAs(ctx context.Context, script *goredis.Script, keys []stri
 // client: a context with a deadline that is cancelled before it, on a
 // client with ContextTimeoutEnabled, ends the call at the earlier of the
 // deadline and go-redis's read timeout.
-func (b *batcher) direct(ctx context.Context, script *goredis.Script, keys []string, args []any, once bool, done func()) *goredis.Cmd {
+func (b *batcher) direct(ctx context.Context, script *goredis.Script, keys []string, args []any, done func()) *goredis.Cmd {
 	_, hasDeadline := ctx.Deadline()
 	if ctx.Done() == nil || (b.deadlines && hasDeadline) {
-		cmd := b.runScript(ctx, script, keys, args, once)
+		cmd := script.Run(ctx, b.rdb, keys, args...)
 		if done != nil {
 			done()
 		}
@@ -230,7 +158,7 @@ func (b *batcher) direct(ctx context.Context, script *goredis.Script, keys []str
 	}
 	reply := make(chan *goredis.Cmd, 1)
 	go func() {
-		cmd := b.runScript(ctx, script, keys, args, once)
+		cmd := script.Run(ctx, b.rdb, keys, args...)
 		if done != nil {
 			done()
 		}
@@ -303,14 +231,7 @@ func (b *batcher) sendOne(batch []*call) {
 		g.send(ctx, p)
 	}
 	for _, c := range live {
-		if c.once && b.proc != nil {
-			// A pipeline that holds a request to send once is not
-			// sent again as a whole either.
-			c.cmd = evalSha(ctx, c.script, c.keys, c.args)
-			_ = p.Process(ctx, onceCmd{c.cmd})
-		} else {
-			c.cmd = c.script.EvalSha(ctx, p, c.keys, c.args...)
-		}
+		c.cmd = c.script.EvalSha(ctx, p, c.keys, c.args...)
 	}
 	_, _ = p.Exec(ctx) // each call's error is on its own command
 	for _, g := range groups {
@@ -318,9 +239,8 @@ func (b *batcher) sendOne(batch []*call) {
 	}
 	for _, c := range live {
 		if goredis.HasErrorPrefix(c.cmd.Err(), "NOSCRIPT") {
-			// The server's script cache was flushed: the script did
-			// not run. Send it again, loading it first.
-			c.cmd = b.runScript(ctx, c.script, c.keys, c.args, c.once)
+			// The server's script cache was flushed: send the script.
+			c.cmd = c.script.Eval(ctx, b.rdb, c.keys, c.args...)
 		}
 		close(c.done)
 	}

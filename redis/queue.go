@@ -213,8 +213,7 @@ return {-p, first}`)
 	// dead token, fence, queue, the releasing place's record[, the slot's
 	// fence counter]; ARGV = token, tombstone ms, the key's channel,
 	// record prefix, the releasing place's id ('' for none), the prefix of
-	// the key's tombstones (deadKeyOf with no token), '1' for a quiet
-	// release that leaves no tombstone (see quietrelease.go). Returns as
+	// the key's tombstones (deadKeyOf with no token). Returns as
 	// releaseScript, or 2 when it deleted the lock after its search for a
 	// waiter stopped at its bound (see Bounded work). It removes the releasing place from the queue, then,
 	// when token holds the lock, hands it to the oldest place whose record
@@ -232,16 +231,12 @@ if ARGV[5] ~= '' then
 end
 local v = redis.call('GET', KEYS[1])
 if v == ARGV[1] then
-  if ARGV[7] ~= '1' then
-    redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
-  end
+  redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
   redis.call('DEL', KEYS[1])
   return 1
 end
 if v == ARGV[1] .. '+' then
-  if ARGV[7] ~= '1' then
-    redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
-  end
+  redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
   local more = 1
   for i = 1, ` + scanBound + ` do
     local hs = redis.call('ZRANGE', KEYS[4], 0, 1)
@@ -416,8 +411,7 @@ func (p *place) Attempt(ctx context.Context, a waitq.Attempt) (waitq.Result, err
 		subscribed = true
 	}
 	sent := time.Now()
-	out, err := b.batch.runOnce(ctx, placeAcquireScript, p.acquireKeys(a.Token), a.Token, ms(a.TTL), p.id, a.Prev, recordPrefixOf(p.lk), ch, b.opts.maxWaiters).Int64Slice()
-	b.suspects.failed(a.Token, err)
+	out, err := b.batch.run(ctx, placeAcquireScript, p.acquireKeys(a.Token), a.Token, ms(a.TTL), p.id, a.Prev, recordPrefixOf(p.lk), ch, b.opts.maxWaiters).Int64Slice()
 	if err == nil && (len(out) == 0 || len(out) > 2 || (out[0] <= 0) != (len(out) == 2)) {
 		err = fmt.Errorf("unexpected script reply %v", out)
 	}
@@ -483,10 +477,10 @@ func (p *place) Refresh(ctx context.Context, ttl time.Duration) (waitq.Refreshed
 func (p *place) Leave(ctx context.Context, l waitq.Leaving) error {
 	var err error
 	if l.Token != "" && (l.Queued || l.Handed != nil) {
-		_, err = p.b.releaseWith(ctx, p.lk, l.Token, p.rec, p.id, false)
+		_, err = p.b.releaseWith(ctx, p.lk, l.Token, p.rec, p.id)
 	}
 	if l.Handed != nil && l.Handed.Token != l.Token {
-		_, herr := p.b.releaseWith(ctx, p.lk, l.Handed.Token, "", "", false)
+		_, herr := p.b.releaseWith(ctx, p.lk, l.Handed.Token, "", "")
 		err = errors.Join(err, herr)
 	}
 	return err
@@ -526,10 +520,9 @@ func (p *place) subscribe(ctx context.Context, ch string) error {
 }
 
 // releaseWith runs the single deployment's release script for token, and
-// for the place id with record rec when id is not "", quiet or killing
-// the token (see quietrelease.go). It returns the script's answer: 1
-// released (now or, for a release that kills, before), 0 not held.
-func (b *Backend) releaseWith(ctx context.Context, lk, token, rec, id string, quiet bool) (int64, error) {
+// for the place id with record rec when id is not "". It returns the
+// script's answer: 1 released (now or before), 0 not held.
+func (b *Backend) releaseWith(ctx context.Context, lk, token, rec, id string) (int64, error) {
 	ks := []string{lk, deadKeyOf(lk, token), fenceKeyOf(lk), queueKeyOf(lk), rec}
 	if rec == "" {
 		ks[4] = recordPrefixOf(lk) // a key of the slot; unused without an id
@@ -537,17 +530,7 @@ func (b *Backend) releaseWith(ctx context.Context, lk, token, rec, id string, qu
 	if sk := b.opts.slotFenceKey(lk); sk != "" {
 		ks = append(ks, sk)
 	}
-	q := "0"
-	if quiet {
-		q = "1"
-	}
-	n, err := b.batch.runOnce(ctx, queueReleaseScript, ks, token, deadMs, channelOf(lk), recordPrefixOf(lk), id, deadKeyOf(lk, ""), q).Int64()
-	switch {
-	case err != nil:
-		b.suspects.failed(token, err) // a release sent again kills it
-	case !quiet:
-		b.suspects.killed(token)
-	}
+	n, err := b.batch.run(ctx, queueReleaseScript, ks, token, deadMs, channelOf(lk), recordPrefixOf(lk), id, deadKeyOf(lk, "")).Int64()
 	if err == nil && n == 2 {
 		// Released, but the search for a waiter stopped at its bound:
 		// sweep the rest of the dead places, a bounded step per request.

@@ -356,9 +356,6 @@ type Backend struct {
 	notify *notifier
 	queues *waitq.Group
 	closed atomic.Bool
-	// suspects are the tokens whose release must leave a tombstone
-	// (see quietrelease.go).
-	suspects suspects
 }
 
 var (
@@ -486,8 +483,7 @@ func ms(ttl time.Duration) int64 {
 // on the wire does not matter while the tombstone lives: the late acquire is
 // refused, the second release succeeds. A request delayed on the wire longer
 // than the tombstone lives can still take the lock; it then expires after its
-// TTL. The single deployment writes the tombstone only where such a request
-// may exist (see quietrelease.go); Redlock writes it on every release.
+// TTL.
 var (
 	// acquireScript: KEYS = lock, fence, dead token, next (see
 	// transferScript)[, the slot's fence counter (see fence.go)]; ARGV =
@@ -502,10 +498,6 @@ var (
 	// deadline from this request's send time stays within the store's
 	// expiry.
 	//
-	// One EXISTS asks for the dead token and the queue at once: on the
-	// common path (neither exists), every call saved is a microsecond of
-	// the server's.
-	//
 	// The search for a live place drops at most scanBound dead ones (see
 	// Bounded work in queue.go); past that, the script answers as if
 	// others queued (0), and the caller's next attempt goes on.
@@ -516,16 +508,10 @@ var (
 	// The next key, when there is one, expires with the lock in both
 	// modes.
 	acquireScript = goredis.NewScript(`
-local n
-if ARGV[3] then
-  n = redis.call('EXISTS', KEYS[3], ARGV[3])
-else
-  n = redis.call('EXISTS', KEYS[3])
-end
-if n > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
+if redis.call('EXISTS', KEYS[3]) == 1 then
   return redis.error_reply('DEAD token released before')
 end
-if n > 0 and ARGV[3] and redis.call('EXISTS', KEYS[1]) == 0 then
+if ARGV[3] and redis.call('EXISTS', ARGV[3]) == 1 and redis.call('EXISTS', KEYS[1]) == 0 then
   for i = 1, ` + scanBound + ` do
     local h = redis.call('ZRANGE', ARGV[3], 0, 0)[1]
     if not h then break end
@@ -586,19 +572,15 @@ end
 return redis.call('PEXPIRE', KEYS[1], ARGV[2])`)
 
 	// releaseNotHeldLua ends the release scripts, for a token that does
-	// not hold the lock (KEYS[2]: its tombstone; ARGV[2]: tombstone ms;
-	// ARGV[7]: '1' for a quiet release, see quietrelease.go): the answer
-	// of a release of it that took effect before (its tombstone's 1),
-	// else 0, and the token is dead from now on unless the release is
-	// quiet.
+	// not hold the lock (KEYS[2]: its tombstone; ARGV[2]: tombstone ms):
+	// the answer of a release of it that took effect before (its
+	// tombstone's 1), else 0, and the token is dead from now on.
 	releaseNotHeldLua = `
 local d = redis.call('GET', KEYS[2])
 if d then
   return tonumber(d)
 end
-if ARGV[7] ~= '1' then
-  redis.call('SET', KEYS[2], '0', 'PX', ARGV[2])
-end
+redis.call('SET', KEYS[2], '0', 'PX', ARGV[2])
 return 0`
 
 	// releaseScript (Redlock's): KEYS = lock, dead token; ARGV = token,
@@ -737,8 +719,7 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	if sk := b.opts.slotFenceKey(lk); sk != "" {
 		ks = append(ks, sk)
 	}
-	res, err := b.batch.runOnce(ctx, acquireScript, ks, token, ms(ttl), queueKeyOf(lk), recordPrefixOf(lk)).Int64()
-	b.suspects.failed(token, err)
+	res, err := b.batch.run(ctx, acquireScript, ks, token, ms(ttl), queueKeyOf(lk), recordPrefixOf(lk)).Int64()
 	if err != nil {
 		return backend.Grant{}, acquireErr(err)
 	}
@@ -777,7 +758,7 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 		return err
 	}
 	lk, _ := keys(b.opts.prefix, key)
-	n, err := b.releaseWith(ctx, lk, token, "", "", b.batch.sendsOnce() && !b.suspects.has(token))
+	n, err := b.releaseWith(ctx, lk, token, "", "")
 	if err != nil {
 		return storeErr("release", err)
 	}
@@ -805,8 +786,7 @@ func (b *Backend) Transfer(ctx context.Context, key, from, to string, ttl time.D
 	if sk := b.opts.slotFenceKey(lk); sk != "" {
 		ks = append(ks, sk)
 	}
-	res, err := b.batch.runOnce(ctx, transferScript, ks, from, to, ms(ttl), opt.Fence, reserve).Int64Slice()
-	b.suspects.failed(to, err)
+	res, err := b.batch.run(ctx, transferScript, ks, from, to, ms(ttl), opt.Fence, reserve).Int64Slice()
 	switch {
 	case err != nil:
 		return backend.Transferred{}, storeErr("transfer", err)

@@ -80,7 +80,7 @@ func (b *batcher) groupRenewals(batch []*call) ([]*call, []*renewGroup) {
 	bySlot := map[int][]*call{}
 	var rest []*call
 	for _, c := range batch {
-		if c.script != renewScript || c.once {
+		if c.script != renewScript {
 			rest = append(rest, c)
 			continue
 		}
@@ -127,7 +127,7 @@ func (g *renewGroup) send(ctx context.Context, p goredis.Pipeliner) {
 func (g *renewGroup) deliver(ctx context.Context, b *batcher) {
 	if goredis.HasErrorPrefix(g.cmd.Err(), "NOSCRIPT") {
 		keys, args := g.args()
-		g.cmd = b.runScript(ctx, renewBatchScript, keys, args, false)
+		g.cmd = renewBatchScript.Run(ctx, b.rdb, keys, args...)
 	}
 	res, err := g.cmd.Int64Slice()
 	if err == nil && len(res) != len(g.calls) {
