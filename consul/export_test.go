@@ -16,3 +16,14 @@ func (b *Backend) GuardedTxn(ctx context.Context, key, session string, fence uin
 // Entry is the KV name of key's lock entry; its queue records are under
 // Entry(key) + "/q/".
 func (b *Backend) Entry(key string) string { return b.entry(key) }
+
+// OwnedFence is the fence this backend keeps for token's lock, 0 when it
+// knows none (yet): a handover's report sets it.
+func (b *Backend) OwnedFence(token string) uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if o := b.owned[token]; o != nil {
+		return o.fence
+	}
+	return 0
+}

@@ -387,10 +387,15 @@ func (p *place) lock(ctx context.Context, a *attempt) (g backend.Grant, refusal 
 			o.fence, o.renewed = fence, renewed
 		}
 		b.mu.Unlock()
-		// The lease has the session now, and the record is gone.
+		// The lease has the session now, and the record is gone. A
+		// handover reported meanwhile to an earlier token of the place
+		// is taken over by token: that token is dead. One to token
+		// itself (the record this attempt queued, handed to it before
+		// its lock landed; the lock then found the session holding the
+		// entry) is this grant's lock: token is the lease's.
 		p.mu.Lock()
-		if p.handed != "" {
-			b.kill(p.handed, false) // handed meanwhile, and taken over by token
+		if p.handed != "" && p.handed != token {
+			b.kill(p.handed, false)
 		}
 		p.sess, p.handed, p.recIndex = "", "", 0
 		p.mu.Unlock()

@@ -133,8 +133,13 @@ func (p *place) watch(sess, rec string, index uint64) {
 			// Since is the place's latest confirmed renewal (zero until
 			// the attempt that queued returns: a pooled session is then
 			// renewed before it carries a lock again).
+			// A lock of the place's attempt with the same token that
+			// landed first (see place.lock) keeps its own grant: the
+			// lease has that fence.
 			b.mu.Lock()
-			b.owned[v.Token] = &owned{key: p.name, session: sess, ttl: ttl, fence: kv.ModifyIndex, renewed: p.q.Refreshed(), rec: rec, next: v.Next}
+			if o := b.owned[v.Token]; o == nil || o.fence == 0 {
+				b.owned[v.Token] = &owned{key: p.name, session: sess, ttl: ttl, fence: kv.ModifyIndex, renewed: p.q.Refreshed(), rec: rec, next: v.Next}
+			}
 			b.mu.Unlock()
 			p.mu.Lock()
 			p.handed = v.Token
