@@ -148,7 +148,7 @@ func (e *environment) breakOn(ctx context.Context, key string, stores []*breakSt
 		for i, s := range stores {
 			if s.h.Held != shown[i].Held || s.h.Token != shown[i].Token {
 				changed = true
-				e.printf(e.stderr, "lockctl break: %s: %sthe holder changed while the question waited; now %s\n", quoted(key), s.label(), breakHolderText(s.h))
+				e.printf(e.stderr, "lockctl break: %s: %sthe holder changed while the question waited; now %s\n", quoted(key), s.label(), holderText(s.h, s.h.Token))
 			}
 		}
 		if changed {
@@ -189,7 +189,7 @@ func (e *environment) readHolders(ctx context.Context, key string, stores []*bre
 // remove it; the answer is a line of e.stdin. ok is true for y or yes.
 func (e *environment) confirm(key string, stores []*breakStore) (code int, ok bool) {
 	for _, s := range stores {
-		e.printf(e.stderr, "%s: %s%s\n", key, s.label(), breakHolderText(s.h))
+		e.printf(e.stderr, "%s: %s%s\n", key, s.label(), holderText(s.h, s.h.Token))
 	}
 	fmt.Fprint(e.stderr, "remove it? [y/N] ")
 	answer, err := readAnswer(e.stdin)
@@ -248,18 +248,6 @@ func storeOf(s *breakStore) string {
 		return ""
 	}
 	return "the " + s.name + " store: "
-}
-
-// breakHolderText says who holds a key, as break asks about it: status's
-// words with the whole token (the store's text: print it through printf).
-func breakHolderText(h backend.Holder) string {
-	switch {
-	case !h.Held:
-		return "free"
-	case h.Remaining <= 0:
-		return fmt.Sprintf("held by %s, fence %d, time left unknown", h.Token, h.Fence)
-	}
-	return fmt.Sprintf("held by %s, fence %d, expires in %v unless renewed", h.Token, h.Fence, h.Remaining.Round(time.Millisecond))
 }
 
 // isLockToken reports whether s is an owner token as package lock makes

@@ -151,7 +151,7 @@ func (e *environment) migrateCheck(ctx context.Context, args []string) int {
 			continue
 		}
 		notClear++
-		e.printf(e.stdout, "%s: NOT clear: %s (from: %s; to: %s)\n", c.Key, c.Why, holderText(c.From), holderText(c.To))
+		e.printf(e.stdout, "%s: NOT clear: %s (from: %s; to: %s)\n", c.Key, c.Why, holderText(c.From, short(c.From.Token)), holderText(c.To, short(c.To.Token)))
 	}
 	move := fmt.Sprintf("to move from phase %v to phase %v", phase, next)
 	if notClear == 0 {

@@ -311,7 +311,7 @@ fence epoch in its top bits).`
 		e.printf(e.stderr, "lockctl status: %v\n", err)
 		return exitBackend
 	}
-	e.printf(e.stdout, "%s: %s\n", key, holderText(h))
+	e.printf(e.stdout, "%s: %s\n", key, holderText(h, short(h.Token)))
 	return exitOK
 }
 
@@ -343,19 +343,23 @@ func (e *environment) statusOfStores(ctx context.Context, key string, from, to b
 		}
 	}
 	for _, s := range stores {
-		e.printf(e.stdout, "%s: %s: %s\n", key, s.name, holderText(s.h))
+		e.printf(e.stdout, "%s: %s: %s\n", key, s.name, holderText(s.h, short(s.h.Token)))
 	}
 	return exitOK
 }
 
-// holderText says who holds a key, as status prints it: "free", or "held
-// by TOKEN, fence F, expires in D unless renewed" (TOKEN cut short, not
-// shown: print it through printf).
-func holderText(h backend.Holder) string {
-	if !h.Held {
+// holderText says who holds a key: "free", or "held by TOKEN, fence F,
+// expires in D unless renewed", or "..., time left unknown" when the store
+// does not say (a Consul session's). tok is the token as shown: status cuts
+// it short, break shows it whole. Not escaped: print it through printf.
+func holderText(h backend.Holder, tok string) string {
+	switch {
+	case !h.Held:
 		return "free"
+	case h.Remaining <= 0:
+		return fmt.Sprintf("held by %s, fence %d, time left unknown", tok, h.Fence)
 	}
-	return fmt.Sprintf("held by %s, fence %d, expires in %v unless renewed", short(h.Token), h.Fence, h.Remaining.Round(time.Millisecond))
+	return fmt.Sprintf("held by %s, fence %d, expires in %v unless renewed", tok, h.Fence, h.Remaining.Round(time.Millisecond))
 }
 
 // short is the first 8 characters of token (the store's text: print it

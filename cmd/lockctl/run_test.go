@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/distlock/lock"
+	"github.com/distlock/lock/backend"
 	"github.com/distlock/lock/conformance/faultproxy"
 	"github.com/distlock/lock/internal/redistest"
 	lockredis "github.com/distlock/lock/redis"
@@ -360,6 +361,23 @@ func TestVersionAndHelp(t *testing.T) {
 	for _, want := range []string{"usage: lockctl run [flags] KEY -- CMD", "--ttl D", "--grace D", "(default TTL/4)", "--wait", "(default true)", "--timeout D"} {
 		if code != 0 || !strings.Contains(out, want) {
 			t.Errorf("run --help: %d, output lacks %q:\n%s", code, want, out)
+		}
+	}
+}
+
+// A holder's text says the time left only when the store reports it: a
+// Consul session's is unknown, not "0s".
+func TestHolderText(t *testing.T) {
+	for _, tc := range []struct {
+		h    backend.Holder
+		want string
+	}{
+		{backend.Holder{}, "free"},
+		{backend.Holder{Held: true, Token: "tok", Fence: 7}, "held by tok, fence 7, time left unknown"},
+		{backend.Holder{Held: true, Token: "tok", Fence: 7, Remaining: 1500 * time.Millisecond}, "held by tok, fence 7, expires in 1.5s unless renewed"},
+	} {
+		if got := holderText(tc.h, tc.h.Token); got != tc.want {
+			t.Errorf("holderText(%+v) = %q; want %q", tc.h, got, tc.want)
 		}
 	}
 }
