@@ -41,7 +41,6 @@ var Optional = []Dimension{
 	{{"Inspector", "guardInspect"}},
 	{{"Transferer", "guardTransfer"}},
 	{{"LossNotifier", "guardLoss"}},
-	{{"BatchRenewer", "guardBatch"}},
 }
 
 func main() {
