@@ -183,5 +183,4 @@ func (b *Backend) RenewBatch(ctx context.Context, rs []backend.Renewal) []backen
 	}
 	return out
 }
-
 var _ backend.BatchRenewer = (*Backend)(nil)
