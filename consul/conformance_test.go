@@ -48,6 +48,20 @@ func client(t testing.TB, addr string) (*api.Client, *http.Transport) {
 	return cli, cfg.Transport
 }
 
+// clientVia returns a Consul client of addr whose requests go through rt,
+// a test's transport.
+func clientVia(t testing.TB, addr string, rt http.RoundTripper) *api.Client {
+	t.Helper()
+	cfg := api.DefaultConfig()
+	cfg.Address = addr
+	cfg.HttpClient = &http.Client{Transport: rt}
+	cli, err := api.NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cli
+}
+
 // newBackend returns a backend of the test agent with the agent's minimum
 // TTL, through proxy px when it is not nil.
 func newBackend(t testing.TB, addr string, opts ...consul.Option) (*owns, *api.Client) {

@@ -288,13 +288,7 @@ func TestTxnIfHeld(t *testing.T) {
 	// Bad input: ErrInvalid and no transaction sent; nothing panics.
 	t.Run("BadInput", func(t *testing.T) {
 		ct := &countTxn{base: &http.Transport{}}
-		cfg := api.DefaultConfig()
-		cfg.Address = agent.Addr
-		cfg.HttpClient = &http.Client{Transport: ct}
-		cli, err := api.NewClient(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		cli := clientVia(t, agent.Addr, ct)
 		t.Cleanup(ct.base.CloseIdleConnections) // after the client closes
 		b, err := consul.New(cli, consul.WithMinTTL(consultest.MinTTL))
 		if err != nil {

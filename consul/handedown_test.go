@@ -10,8 +10,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/hashicorp/consul/api"
-
 	"github.com/distlock/lock/backend"
 	"github.com/distlock/lock/consul"
 	"github.com/distlock/lock/internal/consultest"
@@ -85,14 +83,7 @@ func TestAttemptHandedItsOwnToken(t *testing.T) {
 	key := "k"
 	tr := &http.Transport{}
 	gate := newLockGate(tr)
-	cfg := api.DefaultConfig()
-	cfg.Address = agent.Addr
-	cfg.HttpClient = &http.Client{Transport: gate}
-	cli, err := api.NewClient(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wb, err := consul.New(cli, consul.WithMinTTL(consultest.MinTTL), consul.WithLockDelay(0))
+	wb, err := consul.New(clientVia(t, agent.Addr, gate), consul.WithMinTTL(consultest.MinTTL), consul.WithLockDelay(0))
 	if err != nil {
 		t.Fatal(err)
 	}
