@@ -242,9 +242,10 @@ func (n *notifier) released(channel, id string) {
 		return
 	}
 	if pid, fence, token, ok := parseHandover(id); ok {
-		// A handover to one place in the queue: it wakes that place.
+		// A handover to one place in the queue: the place confirms it,
+		// then wakes.
 		if w := st.places[pid]; w != nil {
-			w.place.q.Handoff(token, backend.Grant{Fence: fence, TTL: granted(w.place.q.TTL())})
+			w.place.confirm(token, fence)
 		}
 		return
 	}

@@ -43,8 +43,9 @@ import (
 //     remaining expiry and a new fence from the key's counter (or the
 //     slot's), and deletes the record, in the same step. It publishes
 //     "h:ID:FENCE:TOKEN" on the channel of that place's backend and key
-//     (named in the record): that process alone hears it, and its notifier
-//     reports it to the place (waitq.Place.Handoff). A lost message (a
+//     (named in the record): that process alone hears it, and the place
+//     confirms it with a renewal of the handed lock before it reports it
+//     (place.confirm says why the message alone is not enough). A lost message (a
 //     pub/sub connection that broke) costs latency: the lock stays the
 //     waiter's until its expiry, and its next attempt (a resubscription
 //     wakes it) takes it over as a new grant (Attempt.Prev).
@@ -358,8 +359,9 @@ func (b *Backend) Queue(key string) (backend.Queue, error) {
 	var id [8]byte
 	crand.Read(id[:])
 	lk, fk := keys(b.opts.prefix, key)
-	p := &place{b: b, lk: lk, fk: fk, id: hex.EncodeToString(id[:])}
+	p := &place{b: b, key: key, lk: lk, fk: fk, id: hex.EncodeToString(id[:])}
 	p.rec = recordPrefixOf(lk) + p.id
+	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.q = b.queues.New(p)
 	return p.q, nil
 }
@@ -368,10 +370,12 @@ func (b *Backend) Queue(key string) (backend.Queue, error) {
 // (waitq.Store): the scripts above, and the subscription that carries its
 // messages.
 type place struct {
-	b          *Backend
-	q          *waitq.Place
-	lk, fk, id string
-	rec        string
+	b               *Backend
+	q               *waitq.Place
+	key, lk, fk, id string
+	rec             string
+	ctx             context.Context // ends at Stop: bounds the confirmations
+	cancel          context.CancelFunc
 
 	mu     sync.Mutex
 	w      *watch // the subscription to the place's channel, once queued
@@ -444,7 +448,7 @@ func (p *place) Attempt(ctx context.Context, a waitq.Attempt) (waitq.Result, err
 		// published before the subscription was not heard.
 		if err := p.subscribe(ctx, ch); err == nil {
 			if h, err := inspect(ctx, b.batch, p.lk, p.fk); err == nil && h.Held && h.Token == a.Token {
-				p.q.Handoff(a.Token, backend.Grant{Fence: h.Fence, TTL: granted(a.TTL)})
+				p.confirm(a.Token, h.Fence)
 			}
 		}
 	}
@@ -488,12 +492,55 @@ func (p *place) Leave(ctx context.Context, l waitq.Leaving) error {
 
 // Stop implements waitq.Store: the place's subscription ends.
 func (p *place) Stop(took bool, _ *backend.Handover) {
+	p.cancel()
 	p.mu.Lock()
 	p.closed = true
 	w := p.w
 	p.mu.Unlock()
 	if w != nil {
 		w.Close(took)
+	}
+}
+
+// confirm confirms a handover that a message reported (the message
+// "h:ID:FENCE:TOKEN"), or that the check after a place's first
+// subscription found, in the background: a renewal of the handed lock for
+// token with the place's TTL, whose send time starts the handover's
+// deadline (waitq.Place.Confirmed).
+//
+// Why a message is not counted from the place's refreshes (waitq.Handoff):
+// the release gave the lock the record's remaining expiry once and deleted
+// the record, so only refreshes that reached that record bound the lock.
+// A message can come late (its connection stalled), after the lock expired
+// and another client took the key, and after the place's record was
+// written again: by an attempt whose reply was lost (the place still
+// names the earlier token as its record's) or by a duplicate of the
+// attempt that queued the token. The place's refreshes of that new record
+// say nothing of the handed lock's expiry. The renewal does: it runs only
+// while token holds the lock, and sets its expiry to the TTL after its
+// arrival, which is after its send. A lock it does not find (gone, or
+// held by another), and a renewal of unknown outcome, are not handed to
+// the waiter: it is woken, and its next attempt takes over a lock still
+// handed to its token (Attempt.Prev) or queues again. The renewal is
+// bounded by the TTL and ends when the place stops; a lock it extended for
+// a waiter that gave up is freed by the place's Leave, as any handed lock.
+func (p *place) confirm(token string, fence uint64) {
+	ttl := p.q.TTL()
+	if ttl <= 0 {
+		return
+	}
+	started := p.b.queues.Go(func() {
+		ctx, cancel := context.WithTimeout(p.ctx, ttl)
+		defer cancel()
+		sent := time.Now()
+		g, err := p.b.Renew(ctx, p.key, token, ttl)
+		if err == nil && p.q.Confirmed(token, backend.Grant{Fence: fence, TTL: g.TTL}, sent) {
+			return
+		}
+		p.q.Wake()
+	})
+	if !started {
+		p.q.Wake()
 	}
 }
 

@@ -23,7 +23,16 @@ const queueTTL = 10 * time.Second
 // queueUpOn makes a waiter of b for key (see queuetest.Queue).
 func queueUpOn(ctx context.Context, t *testing.T, b *redis.Backend, key string) *queuetest.Waiter {
 	t.Helper()
-	return queuetest.Queue(ctx, t, b, key, queueTTL)
+	return queueUpFor(ctx, t, b, key, queueTTL)
+}
+
+// queueUpFor makes a waiter of b for key with ttl; the backend confirms
+// each handover (see place.confirm).
+func queueUpFor(ctx context.Context, t *testing.T, b *redis.Backend, key string, ttl time.Duration) *queuetest.Waiter {
+	t.Helper()
+	w := queuetest.Queue(ctx, t, b, key, ttl)
+	w.Confirms = true
+	return w
 }
 
 var newQueueToken = queuetest.NewToken
@@ -264,8 +273,8 @@ func TestNextWaiterWokenAtAHandedLocksExpiry(t *testing.T) {
 	defer stalled.Close()
 	next := redis.New(newGoRedis(t, srv.Addr))
 	defer next.Close()
-	first := queuetest.Queue(ctx, t, stalled, "k", ttl)
-	second := queuetest.Queue(ctx, t, next, "k", ttl)
+	first := queueUpFor(ctx, t, stalled, "k", ttl)
+	second := queueUpFor(ctx, t, next, "k", ttl)
 	px.Cut()
 	if err := holder.Release(ctx, "k", tok); err != nil {
 		t.Fatal(err)

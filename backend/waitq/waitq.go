@@ -46,7 +46,18 @@
 //     lost its carrier forgets that time: the next carrier counts from its
 //     own. A handover that comes before any confirmed refresh is kept aside
 //     until the attempt that wrote the record returns: that attempt's
-//     confirmed write is such a refresh.
+//     confirmed write is such a refresh. That holds only while the handed
+//     lock lives with the carrier (a lease, a session) after the handover.
+//     A store whose handover gives the lock
+//     the record's remaining expiry once, and drops the record (Redis: the
+//     record is its own carrier), must confirm every handover it learns of
+//     instead (Confirmed): a renewal of the handed lock for its
+//     token, whose send time is the deadline's start. A refresh the place
+//     counts may have refreshed a later record: one written again, after the
+//     handover, by an attempt whose reply was lost (the place still knows the
+//     earlier token as the record's), or by a duplicate of the attempt that
+//     queued the token. Counted from such a refresh, a late message's lock
+//     would be valid past its expiry, while another holder has the key.
 //   - One TTL per place. The record's carrier lives the TTL of the request
 //     that last refreshed it, so a handover is counted with the place's one
 //     TTL; an attempt with another TTL is refused (backend.ErrInvalid)
@@ -200,7 +211,8 @@ type Group struct {
 // NewGroup returns an empty Group.
 func NewGroup() *Group { return &Group{} }
 
-// Close waits for the leaves still running, each bounded by LeaveTimeout:
+// Close waits for the leaves still running, each bounded by LeaveTimeout,
+// and for the work started by Go:
 // a backend that closes leaves nothing of a waiter that gave up behind.
 // A place that leaves after Close began runs its Leave before its own
 // Close returns, bounded by LeaveWait. Call it before closing the store's
@@ -210,6 +222,21 @@ func (g *Group) Close() {
 	g.closed = true
 	g.mu.Unlock()
 	g.wg.Wait()
+}
+
+// Go runs f in a goroutine that Close waits for, and reports whether it
+// did: not once the group is closing. A backend runs its own background
+// work for its places this way (a confirmation of a handover), bounded as
+// a leave is.
+func (g *Group) Go(f func()) bool {
+	if !g.add() {
+		return false
+	}
+	go func() {
+		defer g.wg.Done()
+		f()
+	}()
+	return true
 }
 
 // add counts a leave about to start in the background; false once the
@@ -320,9 +347,28 @@ func (p *Place) Handoff(token string, g backend.Grant) bool {
 	return true
 }
 
+// Confirmed is Handoff for a handover the backend confirmed in the store
+// itself: a request sent at since found the lock held by token and keeps it
+// at least g.TTL from its arrival (a renewal of the handed lock). The
+// deadline counts from since, whatever the place's refreshes did, so it
+// suits a store whose handed lock does not live with the record's carrier
+// (see the package doc). The tokens it takes are Handoff's.
+func (p *Place) Confirmed(token string, g backend.Grant, since time.Time) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || p.handed != nil || token == "" || (token != p.cur && token != p.pending) {
+		return false
+	}
+	p.handAtLocked(&backend.Handover{Token: token, Grant: g}, since)
+	return true
+}
+
 // handLocked records h, handed with the carrier refreshed at p.refreshed.
-func (p *Place) handLocked(h *backend.Handover) {
-	h.Since = p.refreshed
+func (p *Place) handLocked(h *backend.Handover) { p.handAtLocked(h, p.refreshed) }
+
+// handAtLocked records h, whose deadline counts from since.
+func (p *Place) handAtLocked(h *backend.Handover, since time.Time) {
+	h.Since = since
 	p.handed, p.early = h, nil
 	p.queued = false // the handover took the record
 	p.stopLocked()

@@ -30,6 +30,10 @@ type Waiter struct {
 	// request (the one a handover counts from) was sent in between, as
 	// long as the test is shorter than the place's refresh period.
 	began, ended time.Time
+	// Confirms: the backend confirms each handover with a request of its
+	// own (waitq.Place.Confirmed), whose send time the handover counts
+	// from: one sent after the waiter's queueing, before Handed returns.
+	Confirms bool
 }
 
 // Queue makes a waiter of qr for key: an attempt through a new place that
@@ -90,7 +94,7 @@ func (w *Waiter) Began() time.Time { return w.began }
 // the lock taken. The handed lock must count from the waiter's own
 // queueing request (sent between its first attempt's start and its latest
 // attempt's end), never from the handover or from when the waiter learned
-// of it.
+// of it; or, when w.Confirms, from the confirmation the backend sent.
 func (w *Waiter) Handed(t *testing.T, who string) backend.Handover {
 	t.Helper()
 	w.WakeUp(t, who)
@@ -101,7 +105,11 @@ func (w *Waiter) Handed(t *testing.T, who string) backend.Handover {
 	if h.Token != w.Token || h.Fence == 0 || h.TTL != w.ttl {
 		t.Fatalf("%s was handed %+v; want its token %s, a fence and the TTL %v", who, h, w.Token, w.ttl)
 	}
-	if h.Since.Before(w.began) || h.Since.After(w.ended) {
+	switch now := time.Now(); {
+	case w.Confirms && (h.Since.Before(w.ended) || h.Since.After(now)):
+		t.Fatalf("%s's handed lock counts from %v after it began to queue; want the confirmation's send, after its queueing (%v) and before now (%v)",
+			who, h.Since.Sub(w.began), w.ended.Sub(w.began), now.Sub(w.began))
+	case !w.Confirms && (h.Since.Before(w.began) || h.Since.After(w.ended)):
 		t.Fatalf("%s's handed lock counts from %v after it began to queue; want a request of its queueing, between 0 and %v",
 			who, h.Since.Sub(w.began), w.ended.Sub(w.began))
 	}
