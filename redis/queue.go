@@ -526,7 +526,10 @@ func (p *place) Stop(took bool, _ *backend.Handover) {
 // a waiter that gave up is freed by the place's Leave, as any handed lock.
 func (p *place) confirm(token string, fence uint64) {
 	ttl := p.q.TTL()
-	if ttl <= 0 {
+	if ttl <= 0 || !p.q.Expects(token) {
+		// Not the token of the place's record or attempt: a lock handed
+		// to an earlier record expires with it, unrenewed (see
+		// waitq.Place.Handoff).
 		return
 	}
 	started := p.b.queues.Go(func() {

@@ -335,7 +335,7 @@ func (p *Place) Handed() (backend.Handover, bool) {
 func (p *Place) Handoff(token string, g backend.Grant) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed || p.handed != nil || token == "" || (token != p.cur && token != p.pending) {
+	if !p.expectsLocked(token) {
 		return false
 	}
 	h := &backend.Handover{Token: token, Grant: g}
@@ -356,11 +356,24 @@ func (p *Place) Handoff(token string, g backend.Grant) bool {
 func (p *Place) Confirmed(token string, g backend.Grant, since time.Time) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed || p.handed != nil || token == "" || (token != p.cur && token != p.pending) {
+	if !p.expectsLocked(token) {
 		return false
 	}
 	p.handAtLocked(&backend.Handover{Token: token, Grant: g}, since)
 	return true
+}
+
+// Expects reports whether the place would take note of a handover to token
+// now (see Handoff): a backend asks before it spends a request confirming
+// one.
+func (p *Place) Expects(token string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.expectsLocked(token)
+}
+
+func (p *Place) expectsLocked(token string) bool {
+	return !p.closed && p.handed == nil && token != "" && (token == p.cur || token == p.pending)
 }
 
 // handLocked records h, handed with the carrier refreshed at p.refreshed.
