@@ -258,6 +258,40 @@ func TestHandoffTokens(t *testing.T) {
 	}
 }
 
+// TestConfirmedCountsFromItsSend: a handover the backend confirmed counts
+// from the confirmation's send time, even before any confirmed refresh and
+// after later refreshes; it is taken for the tokens Handoff takes, which
+// Expects reports, and only once.
+func TestConfirmedCountsFromItsSend(t *testing.T) {
+	f := &fakeStore{attempt: func(int, Attempt) (Result, error) { return queued(time.Now()) }}
+	_, p := newPlace(t, f)
+	if p.Expects(tokA) {
+		t.Error("Expects a token before any attempt")
+	}
+	_, err := p.Acquire(context.Background(), tokA, short)
+	wantLocked(t, err)
+	if p.Expects(tokB) || !p.Expects(tokA) {
+		t.Errorf("Expects(other) %v, Expects(queued) %v; want false, true", p.Expects(tokB), p.Expects(tokA))
+	}
+	if p.Confirmed(tokB, backend.Grant{Fence: 3, TTL: short}, time.Now()) {
+		t.Error("Confirmed for a token that never queued the place accepted")
+	}
+	since := time.Now().Add(time.Minute) // not a time the place knows
+	if !p.Confirmed(tokA, backend.Grant{Fence: 3, TTL: short}, since) {
+		t.Fatal("Confirmed for the queued token refused")
+	}
+	h, ok := p.Handed()
+	if !ok || h.Token != tokA || h.Fence != 3 || !h.Since.Equal(since) {
+		t.Errorf("Handed %+v, %v; want token %s, fence 3, Since the confirmation's send %v", h, ok, tokA, since)
+	}
+	if !woken(p) {
+		t.Error("no wake-up for the confirmed handover")
+	}
+	if p.Expects(tokA) || p.Confirmed(tokA, backend.Grant{Fence: 4, TTL: short}, time.Now()) {
+		t.Error("a second handover accepted while the first is held")
+	}
+}
+
 // TestCloseLeaves: a queued place that gives up stops, then leaves with
 // its token; Close returns while the Leave is blocked, and Group.Close
 // waits for it.
