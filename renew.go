@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/distlock/lock/backend"
 	"github.com/distlock/lock/clock"
 )
 
@@ -28,19 +29,30 @@ func (l *Lease) renew(ctx context.Context) error {
 	if err := l.awaitHandover(ctx); err != nil {
 		return wrap("renew", l.key, err)
 	}
+	ttl, sent, err := l.renewStart()
+	if err != nil {
+		return err
+	}
+	g, err := l.c.b.Renew(ctx, l.key, l.token, ttl)
+	return l.renewEnd(ctx, sent, g, err)
+}
+
+// renewStart is the start of a renewal: the TTL to ask for and the send
+// time the deadline will count from, or the error of a lease no longer
+// held.
+func (l *Lease) renewStart() (ttl time.Duration, sent time.Time, err error) {
 	l.mu.Lock()
+	defer l.unlock()
 	l.checkDeadlineLocked()
 	if l.state != stateHeld {
-		err := l.err
-		l.unlock()
-		return wrap("renew", l.key, err)
+		return 0, time.Time{}, wrap("renew", l.key, l.err)
 	}
-	ttl := l.v.send()
-	sent := l.clock.Now()
-	l.unlock()
+	return l.v.send(), l.clock.Now(), nil
+}
 
-	g, err := l.c.b.Renew(ctx, l.key, l.token, ttl)
-
+// renewEnd applies the store's answer to a renewal sent at sent: the
+// deadline moves, or the lease ends lost.
+func (l *Lease) renewEnd(ctx context.Context, sent time.Time, g backend.Grant, err error) error {
 	l.mu.Lock()
 	defer l.unlock()
 	l.checkDeadlineLocked()
@@ -142,7 +154,12 @@ func (l *Lease) watchdogRenew() {
 
 	err := l.renew(ctx)
 	cancel()
+	l.watchdogEnd(err)
+}
 
+// watchdogEnd ends an automatic renewal that returned err: the next one is
+// planned, soon when this one failed.
+func (l *Lease) watchdogEnd(err error) {
 	l.mu.Lock()
 	defer l.unlock()
 	l.wd.renewing = false

@@ -82,24 +82,14 @@ func (s *scheduler) fire() {
 		}
 	}
 	// Then the renewals, concurrently (a renewal is a network call), at
-	// most maxConcurrentTicks at once per Client, so that thousands of leases falling
-	// due together do not flood the store. Each renewal waits for its slot
-	// on its own goroutine: the leases are already scheduled again for
-	// their deadlines, which later firings check while renewals hang.
-	// Return when they are done, so that clock.Fake.AdvanceWait covers
-	// them.
-	var wg sync.WaitGroup
-	for _, l := range renew {
-		wg.Go(func() {
-			l.c.renewSlots <- struct{}{}
-			defer func() { <-l.c.renewSlots }()
-			l.watchdogRenew()
-		})
-	}
-	wg.Wait()
+	// most maxConcurrentTicks requests at once per Client, so that
+	// thousands of leases falling due together do not flood the store
+	// (renewbatch.go). The leases are already scheduled again for their
+	// deadlines, which later firings check while renewals hang.
+	renewDue(renew)
 }
 
-// maxConcurrentTicks bounds the automatic renewals a Client runs at once
+// maxConcurrentTicks bounds the automatic renewal requests a Client runs at once
 // (Client.renewSlots). The bound is per Client, not per process: it spares
 // the Client's store a flood, and one Client whose store hangs, holding all
 // of its slots, never delays the renewals of another Client, on another

@@ -134,6 +134,58 @@ func (b *batcher) run(ctx context.Context, script *goredis.Script, keys []string
 	}
 }
 
+// newCall returns a call of script for runAll.
+func (b *batcher) newCall(ctx context.Context, script *goredis.Script, keys []string, args ...any) *call {
+	if b.owned {
+		ctx = markOwned(ctx)
+	}
+	return &call{ctx: ctx, script: script, keys: keys, args: args, done: make(chan struct{})}
+}
+
+// runAll runs calls, made by newCall, and returns their replies, in order,
+// when each has one or ctx ended (those left get ctx's error). With
+// pipelining they join the queue together, and so go out in one pipeline
+// (sharing scripts where they can, see renewbatch.go); without, each runs
+// as run does, concurrently.
+func (b *batcher) runAll(ctx context.Context, calls []*call) []*goredis.Cmd {
+	out := make([]*goredis.Cmd, len(calls))
+	if len(calls) == 0 {
+		return out
+	}
+	if b.pipe == nil {
+		var wg sync.WaitGroup
+		for i, c := range calls {
+			wg.Go(func() { out[i] = b.direct(c.ctx, c.script, c.keys, c.args, nil) })
+		}
+		wg.Wait()
+		return out
+	}
+	b.mu.Lock()
+	b.queue = append(b.queue, calls...)
+	batch := b.takeLocked()
+	b.mu.Unlock()
+	if batch != nil {
+		go b.send(batch)
+	}
+	for i, c := range calls {
+		select {
+		case <-c.done:
+			out[i] = c.cmd
+			continue
+		case <-ctx.Done():
+		}
+		// c.cmd is the sender's until done is closed.
+		select {
+		case <-c.done:
+			out[i] = c.cmd
+		default:
+			out[i] = goredis.NewCmd(ctx)
+			out[i].SetErr(ctx.Err())
+		}
+	}
+	return out
+}
+
 // direct runs script on the caller's goroutine, and then done (if not nil),
 // when that is enough for the call to end with ctx: ctx never ends, or it
 // has a deadline and the client ends its socket I/O there. Otherwise (a

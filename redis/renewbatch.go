@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/distlock/lock/backend"
 )
 
 // Batched renewals. When renewals queue in the batcher (the wire is busy:
@@ -143,3 +145,42 @@ func (g *renewGroup) deliver(ctx context.Context, b *batcher) {
 		close(c.done)
 	}
 }
+
+// RenewBatch implements backend.BatchRenewer: the renewals go to the
+// batcher's queue at once, and so to the server as renewBatchScripts of up
+// to maxRenewBatch (one per hash slot on Cluster), in one pipeline; each
+// caller's answer is its own (see above). On a Ring they go one by one,
+// concurrently.
+func (b *Backend) RenewBatch(ctx context.Context, rs []backend.Renewal) []backend.RenewResult {
+	out := make([]backend.RenewResult, len(rs))
+	if err := b.check(); err != nil {
+		for i := range out {
+			out[i].Err = err
+		}
+		return out
+	}
+	calls := make([]*call, 0, len(rs))
+	idx := make([]int, 0, len(rs))
+	for i, r := range rs {
+		if err := b.checkTTL(r.TTL); err != nil {
+			out[i].Err = err
+			continue
+		}
+		calls = append(calls, b.batch.newCall(ctx, renewScript, b.opts.renewKeys(r.Key), r.Token, ms(r.TTL)))
+		idx = append(idx, i)
+	}
+	for j, cmd := range b.batch.runAll(ctx, calls) {
+		i := idx[j]
+		ok, err := cmd.Int64()
+		switch {
+		case err != nil:
+			out[i].Err = storeErr("renew", err)
+		case ok == 0:
+			out[i].Err = backend.ErrNotHeld
+		default:
+			out[i].Grant = backend.Grant{TTL: granted(rs[i].TTL)}
+		}
+	}
+	return out
+}
+var _ backend.BatchRenewer = (*Backend)(nil)

@@ -80,3 +80,76 @@ func TestRenewalsShareAScript(t *testing.T) {
 		t.Errorf("the other owner's lock now holds %q", got)
 	}
 }
+
+// TestRenewBatch: a batch of renewals goes to the server as a few scripts
+// (600 renewals: at most 3 of 256), and each renewal gets its own answer:
+// renewed, not held (a key another token took), or invalid (a TTL out of
+// range, not sent).
+func TestRenewBatch(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	ctx := context.Background()
+	direct := newGoRedis(t, srv.Addr)
+	b := redis.New(newGoRedis(t, srv.Addr))
+	defer b.Close()
+
+	const n, stolen, invalid = 600, 123, 456
+	rs := make([]backend.Renewal, n)
+	for i := range rs {
+		rs[i] = backend.Renewal{Key: fmt.Sprint("k", i), Token: newQueueToken(), TTL: 50 * time.Second}
+		if _, err := b.Acquire(ctx, rs[i].Key, rs[i].Token, 30*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lk := redis.KeysOf(redis.DefaultPrefix, rs[stolen].Key)[0]
+	if err := direct.Set(ctx, lk, "another owner's token", 30*time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
+	rs[invalid].TTL = time.Hour // over the default maximum
+	b.RenewBatch(ctx, rs[:2])   // loads the script (NOSCRIPT the first time)
+
+	before := calls(ctx, t, direct, "evalsha")
+	res := b.RenewBatch(ctx, rs)
+	sent := calls(ctx, t, direct, "evalsha") - before
+	if len(res) != n {
+		t.Fatalf("%d results for %d renewals", len(res), n)
+	}
+	for i, r := range res {
+		k := redis.KeysOf(redis.DefaultPrefix, rs[i].Key)[0]
+		switch {
+		case i == stolen:
+			if !errors.Is(r.Err, backend.ErrNotHeld) {
+				t.Errorf("the renewal of the key another token took: %v; want ErrNotHeld", r.Err)
+			}
+		case i == invalid:
+			if !errors.Is(r.Err, backend.ErrInvalid) {
+				t.Errorf("the renewal with a TTL of an hour: %v; want ErrInvalid", r.Err)
+			}
+			if ttl := direct.PTTL(ctx, k).Val(); ttl > 30*time.Second {
+				t.Errorf("the refused renewal changed the lock's TTL to %v", ttl)
+			}
+		case r.Err != nil:
+			t.Errorf("renewal %d: %v; want it renewed", i, r.Err)
+		case r.Grant.TTL != 50*time.Second:
+			t.Errorf("renewal %d granted %v; want 50s", i, r.Grant.TTL)
+		default:
+			if ttl := direct.PTTL(ctx, k).Val(); ttl <= 30*time.Second {
+				t.Errorf("renewal %d answered renewed, but the lock's TTL is %v; want over 30s", i, ttl)
+			}
+		}
+	}
+	if sent > 3 {
+		t.Errorf("the server ran %d scripts for a batch of %d renewals; want at most 3 (256 a script)", sent, n)
+	}
+	if got := direct.Get(ctx, lk).Val(); got != "another owner's token" {
+		t.Errorf("the other owner's lock now holds %q", got)
+	}
+
+	// A batch whose context ended answers every renewal with its error.
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	for i, r := range b.RenewBatch(cctx, rs[:10]) {
+		if !errors.Is(r.Err, context.Canceled) {
+			t.Errorf("renewal %d of a cancelled batch: %v; want context.Canceled", i, r.Err)
+		}
+	}
+}
