@@ -183,4 +183,5 @@ func (b *Backend) RenewBatch(ctx context.Context, rs []backend.Renewal) []backen
 	}
 	return out
 }
+
 var _ backend.BatchRenewer = (*Backend)(nil)
