@@ -143,6 +143,13 @@ func (l guardLoss) NotifyLoss(key, token string, fence uint64, lost func(error))
 	return l.g.b.(backend.LossNotifier).NotifyLoss(key, token, fence, lost)
 }
 
+type guardBatch struct{ g *guard }
+
+func (r guardBatch) RenewBatch(ctx context.Context, rs []backend.Renewal) []backend.RenewResult {
+	defer r.g.call(ctx, "RenewBatch")()
+	return r.g.b.(backend.BatchRenewer).RenewBatch(ctx, rs)
+}
+
 // guarded wraps b in a guard that keeps b's optional interfaces visible.
 // Every suite run checks that it did, on the real backend.
 func guarded(b backend.Backend, kase string, grace time.Duration) backend.Backend {

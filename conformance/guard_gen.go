@@ -6,12 +6,12 @@ import "github.com/distlock/lock/backend"
 
 // optionalInterfaces names the optional interfaces of package backend that
 // the guard keeps visible.
-var optionalInterfaces = []string{"Notifier", "Queuer", "Inspector", "Transferer", "LossNotifier"}
+var optionalInterfaces = []string{"Notifier", "Queuer", "Inspector", "Transferer", "LossNotifier", "BatchRenewer"}
 
 // interfacesOf says which optional interfaces x has: for each list of
 // alternatives, 0 for none, or 1 + the index of the most specific one.
-func interfacesOf(x any) [4]int {
-	var d [4]int
+func interfacesOf(x any) [5]int {
+	var d [5]int
 	if _, ok := x.(backend.Queuer); ok {
 		d[0] = 2
 	}
@@ -29,6 +29,9 @@ func interfacesOf(x any) [4]int {
 	if _, ok := x.(backend.LossNotifier); ok {
 		d[3] = 1
 	}
+	if _, ok := x.(backend.BatchRenewer); ok {
+		d[4] = 1
+	}
 	return d
 }
 
@@ -36,93 +39,196 @@ func interfacesOf(x any) [4]int {
 // optional interfaces of g.b.
 func withInterfaces(g *guard) backend.Backend {
 	switch interfacesOf(g.b) {
-	case [4]int{0, 0, 0, 0}:
+	case [5]int{0, 0, 0, 0, 0}:
 		return g
-	case [4]int{0, 0, 0, 1}:
+	case [5]int{0, 0, 0, 0, 1}:
+		return struct {
+			*guard
+			guardBatch
+		}{g, guardBatch{g}}
+	case [5]int{0, 0, 0, 1, 0}:
 		return struct {
 			*guard
 			guardLoss
 		}{g, guardLoss{g}}
-	case [4]int{0, 0, 1, 0}:
+	case [5]int{0, 0, 0, 1, 1}:
+		return struct {
+			*guard
+			guardLoss
+			guardBatch
+		}{g, guardLoss{g}, guardBatch{g}}
+	case [5]int{0, 0, 1, 0, 0}:
 		return struct {
 			*guard
 			guardTransfer
 		}{g, guardTransfer{g}}
-	case [4]int{0, 0, 1, 1}:
+	case [5]int{0, 0, 1, 0, 1}:
+		return struct {
+			*guard
+			guardTransfer
+			guardBatch
+		}{g, guardTransfer{g}, guardBatch{g}}
+	case [5]int{0, 0, 1, 1, 0}:
 		return struct {
 			*guard
 			guardTransfer
 			guardLoss
 		}{g, guardTransfer{g}, guardLoss{g}}
-	case [4]int{0, 1, 0, 0}:
+	case [5]int{0, 0, 1, 1, 1}:
+		return struct {
+			*guard
+			guardTransfer
+			guardLoss
+			guardBatch
+		}{g, guardTransfer{g}, guardLoss{g}, guardBatch{g}}
+	case [5]int{0, 1, 0, 0, 0}:
 		return struct {
 			*guard
 			guardInspect
 		}{g, guardInspect{g}}
-	case [4]int{0, 1, 0, 1}:
+	case [5]int{0, 1, 0, 0, 1}:
+		return struct {
+			*guard
+			guardInspect
+			guardBatch
+		}{g, guardInspect{g}, guardBatch{g}}
+	case [5]int{0, 1, 0, 1, 0}:
 		return struct {
 			*guard
 			guardInspect
 			guardLoss
 		}{g, guardInspect{g}, guardLoss{g}}
-	case [4]int{0, 1, 1, 0}:
+	case [5]int{0, 1, 0, 1, 1}:
+		return struct {
+			*guard
+			guardInspect
+			guardLoss
+			guardBatch
+		}{g, guardInspect{g}, guardLoss{g}, guardBatch{g}}
+	case [5]int{0, 1, 1, 0, 0}:
 		return struct {
 			*guard
 			guardInspect
 			guardTransfer
 		}{g, guardInspect{g}, guardTransfer{g}}
-	case [4]int{0, 1, 1, 1}:
+	case [5]int{0, 1, 1, 0, 1}:
+		return struct {
+			*guard
+			guardInspect
+			guardTransfer
+			guardBatch
+		}{g, guardInspect{g}, guardTransfer{g}, guardBatch{g}}
+	case [5]int{0, 1, 1, 1, 0}:
 		return struct {
 			*guard
 			guardInspect
 			guardTransfer
 			guardLoss
 		}{g, guardInspect{g}, guardTransfer{g}, guardLoss{g}}
-	case [4]int{1, 0, 0, 0}:
+	case [5]int{0, 1, 1, 1, 1}:
+		return struct {
+			*guard
+			guardInspect
+			guardTransfer
+			guardLoss
+			guardBatch
+		}{g, guardInspect{g}, guardTransfer{g}, guardLoss{g}, guardBatch{g}}
+	case [5]int{1, 0, 0, 0, 0}:
 		return struct {
 			*guard
 			guardWatch
 		}{g, guardWatch{g}}
-	case [4]int{1, 0, 0, 1}:
+	case [5]int{1, 0, 0, 0, 1}:
+		return struct {
+			*guard
+			guardWatch
+			guardBatch
+		}{g, guardWatch{g}, guardBatch{g}}
+	case [5]int{1, 0, 0, 1, 0}:
 		return struct {
 			*guard
 			guardWatch
 			guardLoss
 		}{g, guardWatch{g}, guardLoss{g}}
-	case [4]int{1, 0, 1, 0}:
+	case [5]int{1, 0, 0, 1, 1}:
+		return struct {
+			*guard
+			guardWatch
+			guardLoss
+			guardBatch
+		}{g, guardWatch{g}, guardLoss{g}, guardBatch{g}}
+	case [5]int{1, 0, 1, 0, 0}:
 		return struct {
 			*guard
 			guardWatch
 			guardTransfer
 		}{g, guardWatch{g}, guardTransfer{g}}
-	case [4]int{1, 0, 1, 1}:
+	case [5]int{1, 0, 1, 0, 1}:
+		return struct {
+			*guard
+			guardWatch
+			guardTransfer
+			guardBatch
+		}{g, guardWatch{g}, guardTransfer{g}, guardBatch{g}}
+	case [5]int{1, 0, 1, 1, 0}:
 		return struct {
 			*guard
 			guardWatch
 			guardTransfer
 			guardLoss
 		}{g, guardWatch{g}, guardTransfer{g}, guardLoss{g}}
-	case [4]int{1, 1, 0, 0}:
+	case [5]int{1, 0, 1, 1, 1}:
+		return struct {
+			*guard
+			guardWatch
+			guardTransfer
+			guardLoss
+			guardBatch
+		}{g, guardWatch{g}, guardTransfer{g}, guardLoss{g}, guardBatch{g}}
+	case [5]int{1, 1, 0, 0, 0}:
 		return struct {
 			*guard
 			guardWatch
 			guardInspect
 		}{g, guardWatch{g}, guardInspect{g}}
-	case [4]int{1, 1, 0, 1}:
+	case [5]int{1, 1, 0, 0, 1}:
+		return struct {
+			*guard
+			guardWatch
+			guardInspect
+			guardBatch
+		}{g, guardWatch{g}, guardInspect{g}, guardBatch{g}}
+	case [5]int{1, 1, 0, 1, 0}:
 		return struct {
 			*guard
 			guardWatch
 			guardInspect
 			guardLoss
 		}{g, guardWatch{g}, guardInspect{g}, guardLoss{g}}
-	case [4]int{1, 1, 1, 0}:
+	case [5]int{1, 1, 0, 1, 1}:
+		return struct {
+			*guard
+			guardWatch
+			guardInspect
+			guardLoss
+			guardBatch
+		}{g, guardWatch{g}, guardInspect{g}, guardLoss{g}, guardBatch{g}}
+	case [5]int{1, 1, 1, 0, 0}:
 		return struct {
 			*guard
 			guardWatch
 			guardInspect
 			guardTransfer
 		}{g, guardWatch{g}, guardInspect{g}, guardTransfer{g}}
-	case [4]int{1, 1, 1, 1}:
+	case [5]int{1, 1, 1, 0, 1}:
+		return struct {
+			*guard
+			guardWatch
+			guardInspect
+			guardTransfer
+			guardBatch
+		}{g, guardWatch{g}, guardInspect{g}, guardTransfer{g}, guardBatch{g}}
+	case [5]int{1, 1, 1, 1, 0}:
 		return struct {
 			*guard
 			guardWatch
@@ -130,51 +236,111 @@ func withInterfaces(g *guard) backend.Backend {
 			guardTransfer
 			guardLoss
 		}{g, guardWatch{g}, guardInspect{g}, guardTransfer{g}, guardLoss{g}}
-	case [4]int{2, 0, 0, 0}:
+	case [5]int{1, 1, 1, 1, 1}:
+		return struct {
+			*guard
+			guardWatch
+			guardInspect
+			guardTransfer
+			guardLoss
+			guardBatch
+		}{g, guardWatch{g}, guardInspect{g}, guardTransfer{g}, guardLoss{g}, guardBatch{g}}
+	case [5]int{2, 0, 0, 0, 0}:
 		return struct {
 			*guard
 			guardQueue
 		}{g, guardQueue{g}}
-	case [4]int{2, 0, 0, 1}:
+	case [5]int{2, 0, 0, 0, 1}:
+		return struct {
+			*guard
+			guardQueue
+			guardBatch
+		}{g, guardQueue{g}, guardBatch{g}}
+	case [5]int{2, 0, 0, 1, 0}:
 		return struct {
 			*guard
 			guardQueue
 			guardLoss
 		}{g, guardQueue{g}, guardLoss{g}}
-	case [4]int{2, 0, 1, 0}:
+	case [5]int{2, 0, 0, 1, 1}:
+		return struct {
+			*guard
+			guardQueue
+			guardLoss
+			guardBatch
+		}{g, guardQueue{g}, guardLoss{g}, guardBatch{g}}
+	case [5]int{2, 0, 1, 0, 0}:
 		return struct {
 			*guard
 			guardQueue
 			guardTransfer
 		}{g, guardQueue{g}, guardTransfer{g}}
-	case [4]int{2, 0, 1, 1}:
+	case [5]int{2, 0, 1, 0, 1}:
+		return struct {
+			*guard
+			guardQueue
+			guardTransfer
+			guardBatch
+		}{g, guardQueue{g}, guardTransfer{g}, guardBatch{g}}
+	case [5]int{2, 0, 1, 1, 0}:
 		return struct {
 			*guard
 			guardQueue
 			guardTransfer
 			guardLoss
 		}{g, guardQueue{g}, guardTransfer{g}, guardLoss{g}}
-	case [4]int{2, 1, 0, 0}:
+	case [5]int{2, 0, 1, 1, 1}:
+		return struct {
+			*guard
+			guardQueue
+			guardTransfer
+			guardLoss
+			guardBatch
+		}{g, guardQueue{g}, guardTransfer{g}, guardLoss{g}, guardBatch{g}}
+	case [5]int{2, 1, 0, 0, 0}:
 		return struct {
 			*guard
 			guardQueue
 			guardInspect
 		}{g, guardQueue{g}, guardInspect{g}}
-	case [4]int{2, 1, 0, 1}:
+	case [5]int{2, 1, 0, 0, 1}:
+		return struct {
+			*guard
+			guardQueue
+			guardInspect
+			guardBatch
+		}{g, guardQueue{g}, guardInspect{g}, guardBatch{g}}
+	case [5]int{2, 1, 0, 1, 0}:
 		return struct {
 			*guard
 			guardQueue
 			guardInspect
 			guardLoss
 		}{g, guardQueue{g}, guardInspect{g}, guardLoss{g}}
-	case [4]int{2, 1, 1, 0}:
+	case [5]int{2, 1, 0, 1, 1}:
+		return struct {
+			*guard
+			guardQueue
+			guardInspect
+			guardLoss
+			guardBatch
+		}{g, guardQueue{g}, guardInspect{g}, guardLoss{g}, guardBatch{g}}
+	case [5]int{2, 1, 1, 0, 0}:
 		return struct {
 			*guard
 			guardQueue
 			guardInspect
 			guardTransfer
 		}{g, guardQueue{g}, guardInspect{g}, guardTransfer{g}}
-	case [4]int{2, 1, 1, 1}:
+	case [5]int{2, 1, 1, 0, 1}:
+		return struct {
+			*guard
+			guardQueue
+			guardInspect
+			guardTransfer
+			guardBatch
+		}{g, guardQueue{g}, guardInspect{g}, guardTransfer{g}, guardBatch{g}}
+	case [5]int{2, 1, 1, 1, 0}:
 		return struct {
 			*guard
 			guardQueue
@@ -182,6 +348,15 @@ func withInterfaces(g *guard) backend.Backend {
 			guardTransfer
 			guardLoss
 		}{g, guardQueue{g}, guardInspect{g}, guardTransfer{g}, guardLoss{g}}
+	case [5]int{2, 1, 1, 1, 1}:
+		return struct {
+			*guard
+			guardQueue
+			guardInspect
+			guardTransfer
+			guardLoss
+			guardBatch
+		}{g, guardQueue{g}, guardInspect{g}, guardTransfer{g}, guardLoss{g}, guardBatch{g}}
 	}
 	panic("conformance: guardgen missed a combination of optional interfaces")
 }

@@ -8,7 +8,11 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/distlock/lock"
 	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/clock"
 	"github.com/distlock/lock/conformance/faultproxy"
 	"github.com/distlock/lock/internal/redistest"
 	"github.com/distlock/lock/redis"
@@ -150,6 +154,76 @@ func TestRenewBatch(t *testing.T) {
 	for i, r := range b.RenewBatch(cctx, rs[:10]) {
 		if !errors.Is(r.Err, context.Canceled) {
 			t.Errorf("renewal %d of a cancelled batch: %v; want context.Canceled", i, r.Err)
+		}
+	}
+}
+
+// A batch of automatic renewals whose reply is held past the leases'
+// deadlines (a fake clock advanced in one step, the real store behind a
+// proxy holding its replies): every lease ends lost at its deadline while
+// the batch hangs; the late reply (the store did renew them) does not
+// bring any back, and the locks it extended are freed, not left for a
+// TTL.
+func TestLateBatchRevivesNoLease(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	ctx := context.Background()
+	direct := newGoRedis(t, srv.Addr)
+	px := faultproxy.Start(t, srv.Addr)
+	rdb := goredis.NewClient(&goredis.Options{Addr: px.Addr, MaxRetries: -1, ReadTimeout: -1, WriteTimeout: -1})
+	t.Cleanup(func() { rdb.Close() })
+	fake := clock.NewFake(time.Now())
+	const n, ttl = 40, 6 * time.Second
+	locks, err := lock.New(redis.New(rdb), lock.WithClock(fake), lock.WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locks.Close()
+	held := make([]*lock.Lease, n)
+	for i := range held {
+		if held[i], err = locks.TryAcquire(ctx, fmt.Sprint("k", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := calls(ctx, t, direct, "evalsha")
+	px.Hold(faultproxy.ToClient)
+	replies := px.Received(faultproxy.ToClient)
+	fake.Advance(ttl / 3) // all due in one firing: one batch, its reply held
+	if err := px.WaitReceived(ctx, faultproxy.ToClient, replies+1); err != nil {
+		t.Fatal(err)
+	}
+	fake.AdvanceWait(ttl) // past every deadline
+	for i, l := range held {
+		select {
+		case <-l.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("lease %d not ended past its deadline while its batch hung", i)
+		}
+	}
+	px.Deliver(faultproxy.ToClient)
+	if sent := calls(ctx, t, direct, "evalsha") - before; sent > 3 {
+		t.Errorf("%d scripts for %d renewals due together; want them in one batch", sent, n)
+	}
+	// The late reply renewed every lock on the store; the client frees
+	// them. Polled for 3s: they would expire on their own 6s after the
+	// test began, which takes well under a second.
+	lockKeys := make([]string, n)
+	for i := range lockKeys {
+		lockKeys[i] = redis.KeysOf(redis.DefaultPrefix, fmt.Sprint("k", i))[0]
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		left := direct.Exists(ctx, lockKeys...).Val()
+		if left == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d locks the late batch extended are still held; want them freed", left, n)
+		}
+		time.Sleep(10 * time.Millisecond) // polling the store
+	}
+	for i, l := range held {
+		if !errors.Is(l.Err(), lock.ErrLost) {
+			t.Errorf("lease %d after the late reply: Err %v; want ErrLost", i, l.Err())
 		}
 	}
 }

@@ -41,6 +41,7 @@ var Optional = []Dimension{
 	{{"Inspector", "guardInspect"}},
 	{{"Transferer", "guardTransfer"}},
 	{{"LossNotifier", "guardLoss"}},
+	{{"BatchRenewer", "guardBatch"}},
 }
 
 func main() {
