@@ -2,7 +2,9 @@ package redis
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -29,7 +31,10 @@ import (
 // caller's outcome is unknown, and a renewal, sent again or not, never
 // takes a free key. Keys of different hash slots never share a script on
 // Cluster (the server would refuse it), and a Ring (which shards by key)
-// sends renewals one by one.
+// sends renewals one by one. Package lock hands renewals that fall due
+// together to RenewBatch (backend.BatchRenewer), which queues them at once;
+// Redlock's sends each node the whole batch and decides each renewal by
+// its own majority.
 
 // coalescing says which queued renewals may share a script.
 type coalescing int
@@ -185,3 +190,90 @@ func (b *Backend) RenewBatch(ctx context.Context, rs []backend.Renewal) []backen
 }
 
 var _ backend.BatchRenewer = (*Backend)(nil)
+
+// RenewBatch implements backend.BatchRenewer: every node gets the whole
+// batch as one request (its batcher's runAll: renewBatchScripts in one
+// pipeline), and each renewal is decided as Renew decides it, from its own
+// answers of every node: renewed on a majority, not held on more nodes
+// than a majority leaves out, otherwise of unknown outcome. The call
+// returns once every renewal is decided, like Renew once its own is; a
+// node's late answers go on in the background.
+func (r *Redlock) RenewBatch(ctx context.Context, rs []backend.Renewal) []backend.RenewResult {
+	out := make([]backend.RenewResult, len(rs))
+	if err := r.check(); err != nil {
+		for i := range out {
+			out[i].Err = err
+		}
+		return out
+	}
+	var idx []int
+	var shortest time.Duration
+	for i, x := range rs {
+		if x.TTL > r.opts.maxTTL {
+			out[i].Err = r.tooLong(x.TTL)
+			continue
+		}
+		idx = append(idx, i)
+		if shortest == 0 || x.TTL < shortest {
+			shortest = x.TTL
+		}
+	}
+	if len(idx) == 0 {
+		return out
+	}
+	// answers[node][j]: the node's answer to renewal idx[j]; read only
+	// for nodes gather reports answered (it wrote them before).
+	answers := make([][]error, len(r.nodes))
+	perRenewal := func(nodeErrs []error, j int) []error {
+		errs := make([]error, len(nodeErrs))
+		for i, err := range nodeErrs {
+			errs[i] = err
+			if err == nil {
+				errs[i] = answers[i][j]
+			}
+		}
+		return errs
+	}
+	decided := r.majorityDecided(backend.ErrNotHeld)
+	nodeErrs, _ := r.gather(ctx, shortest, func(nctx context.Context, i int, n *batcher) error {
+		calls := make([]*call, len(idx))
+		for j, k := range idx {
+			calls[j] = n.newCall(nctx, renewScript, r.opts.renewKeys(rs[k].Key), rs[k].Token, ms(rs[k].TTL))
+		}
+		a := make([]error, len(idx))
+		for j, cmd := range n.runAll(nctx, calls) {
+			ok, err := cmd.Int64()
+			switch {
+			case err == nil && ok == 0:
+				err = backend.ErrNotHeld
+			case err != nil && nctx.Err() != nil && errors.Is(err, context.DeadlineExceeded):
+				err = fmt.Errorf("%w (%v)", errNodeTimeout, r.nodeTimeout(shortest))
+			}
+			a[j] = err
+		}
+		answers[i] = a
+		return nil
+	}, func(nodeErrs []error) bool {
+		for j := range idx {
+			if !decided(perRenewal(nodeErrs, j)) {
+				return false
+			}
+		}
+		return true
+	}, nil)
+	for j, k := range idx {
+		errs := perRenewal(nodeErrs, j)
+		ok, notHeld, _ := count(errs, backend.ErrNotHeld)
+		switch {
+		case ok >= r.quorum:
+			out[k].Grant = backend.Grant{TTL: granted(rs[k].TTL)}
+		case notHeld > len(r.nodes)-r.quorum:
+			out[k].Err = backend.ErrNotHeld
+		default:
+			out[k].Err = r.quorumErr("renew", ok, errs, ctx)
+		}
+	}
+	return out
+}
+
+var _ backend.BatchRenewer = (*Redlock)(nil)

@@ -227,3 +227,76 @@ func TestLateBatchRevivesNoLease(t *testing.T) {
 		}
 	}
 }
+
+// Redlock's batch: each node gets the whole batch in one request, and each
+// renewal is decided by its own answers of every node, as Renew decides
+// it: a key a majority no longer holds is not held, one a minority lost is
+// still renewed, and with a node stopped, one the two others disagree on
+// has an unknown outcome (not "not held"); the rest are renewed by the two
+// nodes that answer.
+func TestRedlockRenewBatch(t *testing.T) {
+	srvs := startN(t, 3, redistest.NoPersistence)
+	r, rdbs := redlockOver(t, srvs)
+	ctx := context.Background()
+	const n, gone, minority, invalid = 12, 3, 5, 7
+	rs := make([]backend.Renewal, n)
+	for i := range rs {
+		rs[i] = backend.Renewal{Key: fmt.Sprint("k", i), Token: newQueueToken(), TTL: 20 * time.Second}
+		if _, err := r.Acquire(ctx, rs[i].Key, rs[i].Token, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	key := func(i int) string { return redis.KeysOf(redis.DefaultPrefix, rs[i].Key)[0] }
+	for i := range rdbs { // every node has every lock (the acquires return on a majority)
+		for j := range rs {
+			for start := time.Now(); rdbs[i].Exists(ctx, key(j)).Val() == 0; {
+				if time.Since(start) > 5*time.Second {
+					t.Fatalf("node %d did not get lock %d within 5s", i, j)
+				}
+				time.Sleep(time.Millisecond) // poll the node
+			}
+		}
+	}
+	rdbs[0].Del(ctx, key(gone))
+	rdbs[1].Del(ctx, key(gone))
+	rdbs[0].Del(ctx, key(minority))
+	rs[invalid].TTL = time.Hour
+
+	check := func(res []backend.RenewResult, unknownMinority bool) {
+		t.Helper()
+		if len(res) != n {
+			t.Fatalf("%d results for %d renewals", len(res), n)
+		}
+		for i, x := range res {
+			switch {
+			case i == gone:
+				if !errors.Is(x.Err, backend.ErrNotHeld) {
+					t.Errorf("the lock two nodes lost: %v; want ErrNotHeld", x.Err)
+				}
+			case i == invalid:
+				if !errors.Is(x.Err, backend.ErrInvalid) {
+					t.Errorf("the renewal for an hour: %v; want ErrInvalid", x.Err)
+				}
+			case i == minority && unknownMinority:
+				if x.Err == nil || errors.Is(x.Err, backend.ErrNotHeld) {
+					t.Errorf("the lock node 0 lost, node 2 stopped: %v; want an unknown outcome", x.Err)
+				}
+			case x.Err != nil:
+				t.Errorf("renewal %d: %v; want it renewed", i, x.Err)
+			}
+		}
+	}
+	before := calls(ctx, t, rdbs[1], "evalsha") + calls(ctx, t, rdbs[1], "eval")
+	check(r.RenewBatch(ctx, rs), false)
+	if sent := calls(ctx, t, rdbs[1], "evalsha") + calls(ctx, t, rdbs[1], "eval") - before; sent > 3 {
+		t.Errorf("node 1 ran %d scripts for a batch of %d; want one (and the script's first load)", sent, n)
+	}
+	if ttl := rdbs[1].PTTL(ctx, key(0)).Val(); ttl <= 10*time.Second {
+		t.Errorf("lock 0 on node 1 has %v left after the batch renewed it for 20s", ttl)
+	}
+
+	srvs[2].Stop()
+	t.Cleanup(srvs[2].Continue)
+	check(r.RenewBatch(ctx, rs), true)
+	srvs[2].Continue()
+}
