@@ -28,7 +28,7 @@ var libFlaws = map[string]struct {
 	// A renewal that finds the lock gone takes it again.
 	"watchdog-reacquires": {flawpatch.Edit{File: "renew.go",
 		Old: "\tif err != nil {\n\t\tif errors.Is(err, ErrNotHeld) {\n\t\t\tl.endLocked(stateLost, fmt.Errorf(\"%w: the store no longer holds it for this owner",
-		New: "\tif err != nil && errors.Is(err, ErrNotHeld) {\n\t\tif g2, err2 := l.c.b.Acquire(ctx, l.key, newToken(), ttl); err2 == nil {\n\t\t\tg, err = g2, nil\n\t\t}\n\t}\n" +
+		New: "\tif err != nil && errors.Is(err, ErrNotHeld) {\n\t\tif g2, err2 := l.c.b.Acquire(ctx, l.key, newToken(), l.v.ttl); err2 == nil {\n\t\t\tg, err = g2, nil\n\t\t}\n\t}\n" +
 			"\tif err != nil {\n\t\tif errors.Is(err, ErrNotHeld) {\n\t\t\tl.endLocked(stateLost, fmt.Errorf(\"%w: the store no longer holds it for this owner",
 	}, "StoreLosesLock"},
 	// An Acquire cancelled in the client's queue stays in it.
