@@ -308,6 +308,11 @@ var errPending = errors.New("no answer yet when the outcome was decided")
 // of nodes that had not answered go on in the background; late, if not
 // nil, receives each one's outcome there. Close waits for them.
 func (r *Redlock) gather(ctx context.Context, ttl time.Duration, f func(ctx context.Context, i int, n *batcher) error, decided func(errs []error) bool, late func(i int, err error)) ([]error, *round) {
+	return r.gatherWithin(ctx, r.nodeTimeout(ttl), f, decided, late)
+}
+
+// gatherWithin is gather with the node timeout given.
+func (r *Redlock) gatherWithin(ctx context.Context, timeout time.Duration, f func(ctx context.Context, i int, n *batcher) error, decided func(errs []error) bool, late func(i int, err error)) ([]error, *round) {
 	rd := &round{errs: make([]error, len(r.nodes)), done: make([]chan struct{}, len(r.nodes))}
 	errs := make([]error, len(r.nodes))
 	if !r.track(len(r.batch)) {
@@ -320,7 +325,6 @@ func (r *Redlock) gather(ctx context.Context, ttl time.Duration, f func(ctx cont
 		return errs, rd
 	}
 	answered := make(chan int, len(r.nodes))
-	timeout := r.nodeTimeout(ttl)
 	base := context.WithoutCancel(ctx)
 	for i, n := range r.batch {
 		rd.done[i] = make(chan struct{})

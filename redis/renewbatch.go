@@ -235,7 +235,8 @@ func (r *Redlock) RenewBatch(ctx context.Context, rs []backend.Renewal) []backen
 		return errs
 	}
 	decided := r.majorityDecided(backend.ErrNotHeld)
-	nodeErrs, _ := r.gather(ctx, shortest, func(nctx context.Context, i int, n *batcher) error {
+	timeout := r.batchTimeout(shortest, len(idx))
+	nodeErrs, _ := r.gatherWithin(ctx, timeout, func(nctx context.Context, i int, n *batcher) error {
 		calls := make([]*call, len(idx))
 		for j, k := range idx {
 			calls[j] = n.newCall(nctx, renewScript, r.opts.renewKeys(rs[k].Key), rs[k].Token, ms(rs[k].TTL))
@@ -247,7 +248,7 @@ func (r *Redlock) RenewBatch(ctx context.Context, rs []backend.Renewal) []backen
 			case err == nil && ok == 0:
 				err = backend.ErrNotHeld
 			case err != nil && nctx.Err() != nil && errors.Is(err, context.DeadlineExceeded):
-				err = fmt.Errorf("%w (%v)", errNodeTimeout, r.nodeTimeout(shortest))
+				err = fmt.Errorf("%w (%v)", errNodeTimeout, timeout)
 			}
 			a[j] = err
 		}
@@ -277,3 +278,21 @@ func (r *Redlock) RenewBatch(ctx context.Context, rs []backend.Renewal) []backen
 }
 
 var _ backend.BatchRenewer = (*Redlock)(nil)
+
+// perRenewalTime is what one renewal of a batch adds to a node's timeout
+// for the batch: a node takes longer to run, and a client under load to
+// read, 256 renewals than one.
+const perRenewalTime = 200 * time.Microsecond
+
+// batchTimeout is the node timeout of a batch of n renewals whose shortest
+// TTL is ttl: the node timeout of one renewal (WithNodeTimeout, or derived
+// from ttl), plus perRenewalTime for each renewal, at most a third of ttl
+// (the renewal period: an answer later than that is no use). A renewal
+// shares its batch's fate at each node, so a timeout fit for one renewal
+// would fail whole batches on a loaded machine. Safety does not rest on
+// it: each lease counts its deadline from the batch's send, whenever the
+// answers come.
+func (r *Redlock) batchTimeout(ttl time.Duration, n int) time.Duration {
+	one := r.nodeTimeout(ttl)
+	return max(one, min(one+time.Duration(n)*perRenewalTime, ttl/3))
+}
