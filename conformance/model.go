@@ -31,7 +31,14 @@ import (
 //     may have expired by then;
 //   - release ok: the owner is the holder;
 //   - an ambiguous outcome (any other error): the operation may or may not
-//     have taken effect, at any time after its call.
+//     have taken effect, at any time after its call. A lock that an
+//     ambiguous acquire may have taken is one its caller never got:
+//     package lock frees it in the background (Client.cleanup, a release
+//     the history does not record), holding the client's turn for the key
+//     meanwhile, so that the client's own attempts on the key are refused
+//     with ErrLocked without asking the store. Such a holder may be gone
+//     from the moment it can have taken the key: not before the call, nor
+//     before the holder it took over from may have expired.
 //
 // A checker timeout counts as a failure: a history the checker could not
 // decide has not been shown correct.
@@ -138,6 +145,15 @@ func step(s modelState, in modelInput, out modelOutput) []modelState {
 			return []modelState{s}
 		case resUnknown:
 			if s.holder == "" || mayHaveExpired {
+				// A lock the store may have granted here is freed by
+				// package lock's cleanup, unrecorded: it may be gone
+				// from the moment it can have been granted, which is
+				// not before the call, nor before the holder it
+				// would take over from may have expired.
+				took.expiry = in.call
+				if s.holder != "" {
+					took.expiry = max(took.expiry, s.expiry)
+				}
 				return []modelState{s, took}
 			}
 			return []modelState{s}
