@@ -522,7 +522,9 @@ func (p *place) Stop(took bool, _ *backend.Handover) {
 // held by another), and a renewal of unknown outcome, are not handed to
 // the waiter: it is woken, and its next attempt takes over a lock still
 // handed to its token (Attempt.Prev) or queues again. The renewal is
-// bounded by the TTL and ends when the place stops; a lock it extended for
+// bounded by the TTL and by waitq.LeaveTimeout (so that the backend's Close,
+// which waits for it, waits no longer than for a leave), and ends when the
+// place stops; a lock it extended for
 // a waiter that gave up is freed by the place's Leave, as any handed lock.
 func (p *place) confirm(token string, fence uint64) {
 	ttl := p.q.TTL()
@@ -533,7 +535,7 @@ func (p *place) confirm(token string, fence uint64) {
 		return
 	}
 	started := p.b.queues.Go(func() {
-		ctx, cancel := context.WithTimeout(p.ctx, ttl)
+		ctx, cancel := context.WithTimeout(p.ctx, min(ttl, waitq.LeaveTimeout))
 		defer cancel()
 		sent := time.Now()
 		g, err := p.b.Renew(ctx, p.key, token, ttl)
