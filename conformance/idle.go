@@ -18,6 +18,12 @@ import (
 // holding each until all are taken, so that every acquire meets what the
 // pools kept. Every grant must be real: a fence, and another client's
 // TryAcquire refused while it is held; the history is checked.
+//
+// The short TTL leaves little room on a loaded machine (16 concurrent
+// acquires of a five-node Redlock can spend most of 200ms), so a lease may
+// be lost before it is released: its Release then reports ErrLost, which is
+// the promise kept, not broken, and a lease lost before another client's
+// TryAcquire is no longer held. The history checks every such case.
 func (s *suite) idleResourcesExpire(t *testing.T) {
 	ctx := s.ctx(t)
 	const n = 16
@@ -43,7 +49,7 @@ func (s *suite) idleResourcesExpire(t *testing.T) {
 	wg.Wait()
 	for _, l := range leases {
 		if l != nil {
-			if err := rec.release(ctx, 0, l); err != nil {
+			if err := rec.release(ctx, 0, l); err != nil && !errors.Is(err, lock.ErrLost) {
 				t.Errorf("burst: Release: %v", err)
 			}
 		}
@@ -69,6 +75,11 @@ func (s *suite) idleResourcesExpire(t *testing.T) {
 			t.Errorf("after the idle resources expired: a lease of a %s key with fence 0", fresh(i))
 		}
 		if ol, err := rec.acquire(ctx, 1, other, key, false, s.short); !errors.Is(err, lock.ErrLocked) {
+			if err == nil && errors.Is(l.Err(), lock.ErrLost) {
+				// Lost before the other client asked: no longer held.
+				rec.release(ctx, 1, ol)
+				continue
+			}
 			t.Errorf("after the idle resources expired: another client's TryAcquire of a %s key held by a lease of fence %d: %v; want ErrLocked (two holders)", fresh(i), l.Fence(), err)
 			if ol != nil {
 				rec.release(ctx, 1, ol)
@@ -76,7 +87,7 @@ func (s *suite) idleResourcesExpire(t *testing.T) {
 		}
 	}
 	for _, l := range held {
-		if err := rec.release(ctx, 0, l); err != nil {
+		if err := rec.release(ctx, 0, l); err != nil && !errors.Is(err, lock.ErrLost) {
 			t.Errorf("Release: %v", err)
 		}
 	}
