@@ -139,7 +139,7 @@ func (l *Lease) transferToNext(ctx context.Context) (done, moved bool, err error
 	}
 	l.mu.Lock()
 	reserved, deadline, ttl := l.next, l.v.deadline, l.v.ttl
-	left := l.v.remaining(l.clock.Now())
+	left := l.v.remaining(l.sched.clock.Now())
 	l.unlock()
 	sameClock := l.sched == c.sched && w.cfg.clockID == c.cfg.clockID
 	// A reserved fence that does not fit under the fence epoch takes the
@@ -208,11 +208,11 @@ func (l *Lease) completeHandover(from string, delivered <-chan bool) {
 	deadline, ttl := l.v.deadline, l.v.ttl // inherit recorded the transfer's TTL as sent
 	l.unlock()
 	ctx, cancel := context.WithCancel(context.Background())
-	if clock.IsReal(l.clock) {
+	if clock.IsReal(l.sched.clock) {
 		ctx, cancel = context.WithDeadline(context.Background(), deadline)
 	}
 	defer cancel()
-	sent := l.clock.Now()
+	sent := l.sched.clock.Now()
 	t, err := l.c.transfer.Transfer(ctx, l.key, from, l.token, ttl, backend.TransferOptions{Fence: l.fence, Reserve: true})
 	took := <-delivered
 	l.settleHandover(ctx, from, sent, t, err)

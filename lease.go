@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/distlock/lock/backend"
-	"github.com/distlock/lock/clock"
 )
 
 type leaseState uint8
@@ -41,12 +40,10 @@ type Lease struct {
 	key      string
 	token    string
 	fence    uint64
-	clock    clock.Clock
-	sched    *scheduler // runs the lease's ticks: its deadline and its watchdog
+	sched    *scheduler // runs the lease's ticks on the lease's clock: its deadline and its watchdog
 	acquired time.Time  // when the acquisition began; WithMaxHold counts from there
-	// The watchdog's settings (renew.go).
-	autoRenew bool
-	maxHold   time.Duration // 0: no cap
+	// The watchdog's settings (renew.go); autoRenew is packed below.
+	maxHold time.Duration // 0: no cap
 	// turn is the Client's turn for the key, which the lease holds until
 	// it ends or hands it on with the lock; nil on an in-process store.
 	// The turn itself passes once, by its own atomic flag, whichever
@@ -59,7 +56,6 @@ type Lease struct {
 
 	// Guarded by mu: the lease's state and everything that changes with it.
 	mu    sync.Mutex
-	state leaseState
 	err   error         // why the lease ended; nil while held
 	v     validity      // the deadline and the TTL, and their one owner
 	wd    watchdog      // the automatic renewal (renew.go)
@@ -70,7 +66,13 @@ type Lease struct {
 
 	// Guarded by sched.mu (scheduler.go).
 	due   time.Time // when the scheduler runs tick next
-	index int       // in the scheduler's heap; -1 when not in it
+	index int32     // in the scheduler's heap; -1 when not in it
+
+	// Small fields packed together, so that a Lease takes 384 bytes, not
+	// 416: a process holding 300,000 leases keeps each in Go's 384-byte
+	// size class (TestLeaseSize). Each keeps the guard of its group above.
+	state     leaseState // guarded by mu
+	autoRenew bool       // set before the lease is shared; the watchdog's setting
 }
 
 // newLease returns the lease of a lock that the store granted, as g says,
@@ -98,7 +100,6 @@ func (c *Client) lease(key, token string, cfg *config, fence uint64, acquired ti
 		key:       key,
 		token:     token,
 		fence:     fence,
-		clock:     cfg.clock,
 		acquired:  acquired,
 		autoRenew: cfg.autoRenew,
 		maxHold:   cfg.maxHold,
@@ -352,7 +353,7 @@ func (l *Lease) unlock() {
 // checkDeadlineLocked ends the lease as lost if its deadline has passed, and
 // reports whether it did.
 func (l *Lease) checkDeadlineLocked() bool {
-	if l.state != stateHeld || !l.v.expired(l.clock.Now()) {
+	if l.state != stateHeld || !l.v.expired(l.sched.clock.Now()) {
 		return false
 	}
 	var err error

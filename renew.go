@@ -47,7 +47,7 @@ func (l *Lease) renewStart() (ttl time.Duration, sent time.Time, err error) {
 	if l.state != stateHeld {
 		return 0, time.Time{}, wrap("renew", l.key, l.err)
 	}
-	return l.v.send(), l.clock.Now(), nil
+	return l.v.send(), l.sched.clock.Now(), nil
 }
 
 // renewEnd applies the store's answer to a renewal sent at sent: the
@@ -120,7 +120,7 @@ func (l *Lease) tick() bool {
 	if l.state != stateHeld || l.checkDeadlineLocked() {
 		return false
 	}
-	now := l.clock.Now()
+	now := l.sched.clock.Now()
 	if !l.mayRenewLocked() || now.Before(l.wd.renewAt) {
 		l.armLocked() // woke early, or nothing to do before the deadline
 		return false
@@ -144,7 +144,7 @@ func (l *Lease) watchdogRenew() {
 		return
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	if clock.IsReal(l.clock) {
+	if clock.IsReal(l.sched.clock) {
 		// Past the deadline the renewal is useless: let the backend give
 		// up then too.
 		ctx, cancel = context.WithDeadline(context.Background(), l.v.deadline)
@@ -169,7 +169,7 @@ func (l *Lease) watchdogEnd(err error) {
 	}
 	if err != nil {
 		// Retry soon, while the lease is still valid.
-		now := l.clock.Now()
+		now := l.sched.clock.Now()
 		wait := min(l.v.ttl/3, l.v.remaining(now)/3)
 		l.wd.renewAt = now.Add(max(wait, time.Millisecond))
 	}

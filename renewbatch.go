@@ -105,7 +105,7 @@ func renewBatch(br backend.BatchRenewer, ls []*Lease) {
 		if l.v.deadline.After(latest) {
 			latest = l.v.deadline
 		}
-		realClock = realClock && clock.IsReal(l.clock)
+		realClock = realClock && clock.IsReal(l.sched.clock)
 		l.mu.Unlock()
 		live = append(live, l)
 		sents = append(sents, sent)

@@ -33,7 +33,7 @@ func (s *scheduler) schedule(l *Lease, due time.Time) {
 	defer s.mu.Unlock()
 	l.due = due
 	if l.index >= 0 {
-		heap.Fix(&s.leases, l.index)
+		heap.Fix(&s.leases, int(l.index))
 	} else {
 		heap.Push(&s.leases, l)
 	}
@@ -47,7 +47,7 @@ func (s *scheduler) cancel(l *Lease) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if l.index >= 0 {
-		heap.Remove(&s.leases, l.index)
+		heap.Remove(&s.leases, int(l.index))
 	}
 }
 
@@ -102,13 +102,13 @@ func (h leaseHeap) Len() int           { return len(h) }
 func (h leaseHeap) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
 func (h leaseHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
-	h[i].index = i
-	h[j].index = j
+	h[i].index = int32(i)
+	h[j].index = int32(j)
 }
 
 func (h *leaseHeap) Push(x any) {
 	l := x.(*Lease)
-	l.index = len(*h)
+	l.index = int32(len(*h))
 	*h = append(*h, l)
 }
 
