@@ -603,64 +603,6 @@ func (b *Backend) revoke(ctx context.Context, id clientv3.LeaseID) {
 	_, _ = b.cli.Revoke(ctx, id)
 }
 
-// Renew implements backend.Backend: a keep-alive of the owner's lease, then
-// a read of the lock key to check that it is still the owner's.
-func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
-	if err := b.check(); err != nil {
-		return backend.Grant{}, err
-	}
-	lk := b.lockKeyOf(key)
-	h := b.leases.renewing(lk, token)
-	ok, unknown := false, false
-	sent := time.Now()
-	if h != nil {
-		defer func() { b.leases.renewed(h, sent, ok, unknown) }()
-	}
-	var id clientv3.LeaseID
-	if h != nil {
-		id = h.id
-	} else {
-		// A lock this backend did not acquire: find its lease.
-		resp, err := b.cli.Get(ctx, lk)
-		if err != nil {
-			return backend.Grant{}, b.storeErr(ctx, "renew", err)
-		}
-		if len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != token {
-			return backend.Grant{}, backend.ErrNotHeld
-		}
-		id = clientv3.LeaseID(resp.Kvs[0].Lease)
-	}
-	kttl, err := b.ka.keepAlive(ctx, id)
-	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		b.leases.release(lk, token) // expired: nothing to reuse or revoke
-		return backend.Grant{}, backend.ErrNotHeld
-	}
-	if err != nil {
-		unknown = true
-		return backend.Grant{}, b.storeErr(ctx, "renew: keep-alive", err)
-	}
-	resp, err := b.cli.Get(ctx, lk)
-	if err != nil {
-		return backend.Grant{}, b.storeErr(ctx, "renew", err)
-	}
-	if len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != token || resp.Kvs[0].Lease != int64(id) {
-		// The key was deleted from outside (or taken over after that)
-		// while the lease lived: the lock is lost, and its lease of no
-		// use.
-		if h != nil {
-			b.leases.release(lk, token)
-		}
-		b.revoke(ctx, id)
-		return backend.Grant{}, backend.ErrNotHeld
-	}
-	secs := seconds(ttl)
-	if got := lockTTL(secs, kttl); got < time.Duration(secs)*time.Second {
-		return backend.Grant{}, fmt.Errorf("%w: etcd: renew for %v, but the lock's lease keeps it %v, fixed when it was acquired; renew with the TTL of the acquire", backend.ErrInvalid, ttl, got)
-	}
-	ok = true
-	return backend.Grant{Fence: uint64(resp.Kvs[0].ModRevision), TTL: lockTTL(secs, kttl)}, nil
-}
-
 // Tombstone values: the token released the lock, or did not hold it.
 const (
 	tombReleased = "1"

@@ -63,3 +63,6 @@ func QueueHeadToken(b *Backend, key string) string {
 func LeaseTTL(ttl time.Duration) time.Duration {
 	return time.Duration(leaseSecs(seconds(ttl))) * time.Second
 }
+
+// LockKey returns the store key of key's lock.
+func LockKey(b *Backend, key string) string { return b.lockKeyOf(key) }
