@@ -617,50 +617,6 @@ func (b *Backend) lockDelayLeft(name string) time.Duration {
 	return b.o.lockDelay + time.Millisecond
 }
 
-// Renew implements backend.Backend: it renews the token's session and, in
-// the same round trip, checks that the entry is still locked by it.
-func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
-	if err := b.check(ttl); err != nil {
-		return backend.Grant{}, err
-	}
-	b.mu.Lock()
-	o := b.owned[token]
-	b.mu.Unlock()
-	if o == nil || o.fence == 0 || o.key != b.entry(key) {
-		return backend.Grant{}, fmt.Errorf("%w: consul: %q is not held by this token", backend.ErrNotHeld, key)
-	}
-	if ttl > o.ttl {
-		return backend.Grant{}, fmt.Errorf("%w: consul: renew %q for %v: its session's TTL is %v; renew for at most that", backend.ErrInvalid, key, ttl, o.ttl)
-	}
-	var alive bool
-	var renewErr error
-	var wg sync.WaitGroup
-	sent := time.Now()
-	wg.Go(func() { alive, renewErr = b.renewSession(ctx, o.session) })
-	ok, resp, _, err := b.cli.Txn().Txn(api.TxnOps{
-		{KV: &api.KVTxnOp{Verb: api.KVCheckSession, Key: o.key, Session: o.session}},
-	}, (&api.QueryOptions{}).WithContext(ctx))
-	wg.Wait()
-	switch {
-	case err == nil && !ok:
-		b.destroyLater(token)
-		return backend.Grant{}, fmt.Errorf("%w: consul: %q: %s", backend.ErrNotHeld, key, txnErrors(resp))
-	case renewErr == nil && !alive:
-		b.destroyLater(token)
-		return backend.Grant{}, fmt.Errorf("%w: consul: %q: %v", backend.ErrNotHeld, key, errSessionGone)
-	case err != nil:
-		return backend.Grant{}, fmt.Errorf("consul: renew %q: %w", key, err)
-	case renewErr != nil:
-		return backend.Grant{}, fmt.Errorf("consul: renew %q: %w", key, renewErr)
-	}
-	b.mu.Lock()
-	if sent.After(o.renewed) {
-		o.renewed = sent
-	}
-	b.mu.Unlock()
-	return backend.Grant{Fence: o.fence, TTL: o.ttl}, nil
-}
-
 // renewSession renews id; ok is false when Consul no longer knows it.
 func (b *Backend) renewSession(ctx context.Context, id string) (ok bool, err error) {
 	e, _, err := b.cli.Session().Renew(id, (&api.WriteOptions{}).WithContext(ctx))
