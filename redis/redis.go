@@ -498,6 +498,10 @@ var (
 	// deadline from this request's send time stays within the store's
 	// expiry.
 	//
+	// One EXISTS of the token's tombstone and the queue answers the common
+	// case, a live token and no queue, in one command; only when one of
+	// them exists does the script ask which.
+	//
 	// The search for a live place drops at most scanBound dead ones (see
 	// Bounded work in queue.go); past that, the script answers as if
 	// others queued (0), and the caller's next attempt goes on.
@@ -508,10 +512,16 @@ var (
 	// The next key, when there is one, expires with the lock in both
 	// modes.
 	acquireScript = goredis.NewScript(`
-if redis.call('EXISTS', KEYS[3]) == 1 then
+local n
+if ARGV[3] then
+  n = redis.call('EXISTS', KEYS[3], ARGV[3])
+else
+  n = redis.call('EXISTS', KEYS[3])
+end
+if n > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
   return redis.error_reply('DEAD token released before')
 end
-if ARGV[3] and redis.call('EXISTS', ARGV[3]) == 1 and redis.call('EXISTS', KEYS[1]) == 0 then
+if n > 0 and redis.call('EXISTS', KEYS[1]) == 0 then
   for i = 1, ` + scanBound + ` do
     local h = redis.call('ZRANGE', ARGV[3], 0, 0)[1]
     if not h then break end

@@ -311,7 +311,7 @@ var histories = []history{
 		want:  "still holds",
 		flaw: flaw("x6-cancelled-acquires-leave-locks",
 			edit(redisRedis,
-				"if redis.call('EXISTS', KEYS[3]) == 1 then\n  return redis.error_reply('DEAD token released before')\nend\n",
+				"if n > 0 and redis.call('EXISTS', KEYS[3]) == 1 then\n  return redis.error_reply('DEAD token released before')\nend\n",
 				""),
 			edit(redisQueue,
 				"if redis.call('EXISTS', KEYS[3]) == 1 then\n  return redis.error_reply('DEAD token released before')\nend\n",
