@@ -319,6 +319,11 @@ type Backend struct {
 	// lossWatches holds a slot for each loss watch running (NotifyLoss):
 	// each is a blocking query, and so an HTTP connection of its own.
 	lossWatches chan struct{}
+	// sessionRenewals holds a slot for each session renewal in flight
+	// (renew.go): a batch's renewals are HTTP requests, and however many
+	// batches run at once they stay within the connections Consul
+	// allows one address.
+	sessionRenewals chan struct{}
 
 	closed  atomic.Bool
 	waiters *waitq.Group   // the places of queues, and their leaves
@@ -369,16 +374,17 @@ func New(cli *api.Client, opts ...Option) (*Backend, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Backend{
-		lossWatches: make(chan struct{}, maxLossWatches),
-		cli:         cli,
-		o:           o,
-		owned:       map[string]*owned{},
-		dead:        map[string]tomb{},
-		delays:      map[string]time.Time{},
-		hot:         map[string]time.Time{},
-		waiters:     waitq.NewGroup(),
-		ctx:         ctx,
-		cancel:      cancel,
+		lossWatches:     make(chan struct{}, maxLossWatches),
+		sessionRenewals: make(chan struct{}, renewConcurrency),
+		cli:             cli,
+		o:               o,
+		owned:           map[string]*owned{},
+		dead:            map[string]tomb{},
+		delays:          map[string]time.Time{},
+		hot:             map[string]time.Time{},
+		waiters:         waitq.NewGroup(),
+		ctx:             ctx,
+		cancel:          cancel,
 	}, nil
 }
 

@@ -17,7 +17,8 @@ import (
 // a read transaction), sent together. Renew runs them for one lock;
 // RenewBatch (backend.BatchRenewer), which package lock sends when many
 // automatic renewals fall due together, runs the session renewals of a
-// batch at most renewConcurrency at a time and checks its entries in
+// batch at most renewConcurrency at a time (for the whole backend) and
+// checks its entries in
 // transactions of up to maxChecksPerTxn operations, instead of one
 // transaction each.
 //
@@ -38,10 +39,12 @@ import (
 // takes at most 64 in a transaction.
 const maxChecksPerTxn = 64
 
-// renewConcurrency bounds the session renewals of one batch in flight at
-// once: each is an HTTP request, and a batch of 256 at once would open
-// connections the client keeps no idle slot for.
-const renewConcurrency = 16
+// renewConcurrency bounds the session renewals of a backend in flight at
+// once, whatever the batches: each is an HTTP request, and Consul refuses
+// more than 200 concurrent connections from one address by default (the
+// backend's loss watches and queue waits need some too). A batch of 256
+// sent at once, or 64 batches of 16, would exceed it.
+const renewConcurrency = 32
 
 // Renew implements backend.Backend: it renews the token's session and, in
 // the same round trip, checks that the entry is still locked by it.
@@ -94,13 +97,17 @@ func (b *Backend) renew(ctx context.Context, rs []backend.Renewal) []backend.Ren
 	}
 	sent := time.Now()
 	var wg sync.WaitGroup
-	sem := make(chan struct{}, renewConcurrency)
 	wg.Go(func() {
 		var rg sync.WaitGroup
 		for _, w := range ws {
-			sem <- struct{}{}
+			select {
+			case b.sessionRenewals <- struct{}{}:
+			case <-ctx.Done():
+				w.renewErr = ctx.Err() // not sent; unknown to the caller all the same
+				continue
+			}
 			rg.Go(func() {
-				defer func() { <-sem }()
+				defer func() { <-b.sessionRenewals }()
 				w.alive, w.renewErr = b.renewSession(ctx, w.o.session)
 			})
 		}
