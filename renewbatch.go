@@ -121,11 +121,7 @@ func renewBatch(br backend.BatchRenewer, ls []*Lease) {
 	defer cancel()
 	res := br.RenewBatch(ctx, rs)
 	if len(res) != len(rs) {
-		err := fmt.Errorf("lock: the backend's RenewBatch answered %d renewals of %d (a backend bug)", len(res), len(rs))
-		res = make([]backend.RenewResult, len(rs))
-		for i := range res {
-			res[i].Err = err
-		}
+		res = backend.FailedRenewals(len(rs), fmt.Errorf("lock: the backend's RenewBatch answered %d renewals of %d (a backend bug)", len(res), len(rs)))
 	}
 	for i, l := range live {
 		l.watchdogEnd(l.renewEnd(ctx, sents[i], res[i].Grant, res[i].Err))

@@ -38,3 +38,13 @@ type RenewResult struct {
 	Grant Grant
 	Err   error
 }
+
+// FailedRenewals returns the answers to a batch of n renewals of which none
+// could be sent (a closed backend, say): each fails with err.
+func FailedRenewals(n int, err error) []RenewResult {
+	out := make([]RenewResult, n)
+	for i := range out {
+		out[i].Err = err
+	}
+	return out
+}

@@ -56,12 +56,8 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 // RenewBatch implements backend.BatchRenewer: each renewal as Renew, with
 // the keep-alives sent together and the reads shared (see Renewals).
 func (b *Backend) RenewBatch(ctx context.Context, rs []backend.Renewal) []backend.RenewResult {
-	out := make([]backend.RenewResult, len(rs))
 	if err := b.check(); err != nil {
-		for i := range out {
-			out[i].Err = err
-		}
-		return out
+		return backend.FailedRenewals(len(rs), err)
 	}
 	return b.renew(ctx, rs)
 }

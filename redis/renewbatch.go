@@ -157,13 +157,10 @@ func (g *renewGroup) deliver(ctx context.Context, b *batcher) {
 // caller's answer is its own (see above). On a Ring they go one by one,
 // concurrently.
 func (b *Backend) RenewBatch(ctx context.Context, rs []backend.Renewal) []backend.RenewResult {
-	out := make([]backend.RenewResult, len(rs))
 	if err := b.check(); err != nil {
-		for i := range out {
-			out[i].Err = err
-		}
-		return out
+		return backend.FailedRenewals(len(rs), err)
 	}
+	out := make([]backend.RenewResult, len(rs))
 	calls := make([]*call, 0, len(rs))
 	idx := make([]int, 0, len(rs))
 	for i, r := range rs {
