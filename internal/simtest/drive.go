@@ -216,7 +216,7 @@ func Sweep(t *testing.T, cfg Config, pkg string, n int) {
 		if *simWant != "" {
 			if v, ok := violation(r, *simWant); ok {
 				t.Log(ta)
-				t.Errorf("FOUND %q after %d seeds (seed %d): %s", *simWant, i+1, seed, v)
+				t.Errorf("FOUND %q after %d seeds (seed %d): %s\n%s", *simWant, i+1, seed, v, failure(r, pkg, t.Name()))
 				return
 			}
 			continue
