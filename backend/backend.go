@@ -286,7 +286,11 @@ type Transferer interface {
 	// this client waits for the key.
 	//
 	// A transfer sent again after it took effect (a client library's
-	// retry after a lost reply) succeeds with to's fence and Next 0.
+	// retry after a lost reply) succeeds with to's fence and Next 0 while
+	// to holds the key. Once to's lock has ended, it fails with an error
+	// that is not ErrNotHeld (from held the lock until it handed it on;
+	// the caller cannot know what became of to's lock), and a Release by
+	// from returns nil, as after a release of from that took effect.
 	Transfer(ctx context.Context, key, from, to string, ttl time.Duration, opt TransferOptions) (Transferred, error)
 }
 

@@ -151,6 +151,26 @@ func (s *suite) transfer(t *testing.T) {
 	if err := b.Release(ctx, key, "q"); err != nil {
 		t.Fatalf("release by q: %v", err)
 	}
+
+	// A transfer sent again once to's lock has ended (a copy that waited
+	// on the wire longer than to's TTL, or one that a client library sent
+	// after a lost reply, late): from held the lock until it handed it
+	// on, so the copy must not answer ErrNotHeld, which would make from's
+	// Release report a lease held until its release as lost; and from's
+	// release succeeds, as after a release that took effect.
+	if _, err := b.Acquire(ctx, key, "r", s.long); err != nil {
+		t.Fatalf("acquire: %v", err)
+	}
+	if _, err := tr.Transfer(ctx, key, "r", "s", s.short, backend.TransferOptions{}); err != nil {
+		t.Fatalf("transfer r to s: %v", err)
+	}
+	s.waitOutExpiry(s.short)
+	if _, err := tr.Transfer(ctx, key, "r", "s", s.short, backend.TransferOptions{}); err == nil || errors.Is(err, backend.ErrNotHeld) || errors.Is(err, backend.ErrTransferRefused) {
+		t.Fatalf("transfer r to s sent again after s's lock expired: %v; want an error that is neither ErrNotHeld nor ErrTransferRefused (r handed the lock on)", err)
+	}
+	if err := b.Release(ctx, key, "r"); err != nil {
+		t.Fatalf("release by r after it handed the lock on: %v; want nil", err)
+	}
 }
 
 // handoverFails: on a store that transfers locks, goroutines of one client

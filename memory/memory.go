@@ -573,12 +573,12 @@ func (c *Client) transfer(ctx context.Context, key, from, to string, ttl time.Du
 	e, ok := sh.locks[key]
 	switch {
 	case !ok || now >= e.expires:
-		return backend.Transferred{}, backend.ErrNotHeld
+		return backend.Transferred{}, sh.notFrom(key, from, now)
 	case e.token == to:
 		// Sent again after it took effect: report it, reserve nothing.
 		return backend.Transferred{Fence: e.fence, TTL: ttl}, nil
 	case e.token != from:
-		return backend.Transferred{}, backend.ErrNotHeld
+		return backend.Transferred{}, sh.notFrom(key, from, now)
 	}
 	fence := opt.Fence
 	if fence == 0 {
@@ -592,8 +592,26 @@ func (c *Client) transfer(ctx context.Context, key, from, to string, ttl time.Du
 		next = s.nextFence() // above every fence so far, below every later one
 	}
 	sh.locks[key] = entry{token: to, fence: fence, expires: now + ttl, waited: e.waited}
+	sh.kill(s, key, from, true, now) // from handed its lock on: it died holding it
 	return backend.Transferred{Fence: fence, TTL: ttl, Next: next}, nil
 }
+
+// notFrom is a transfer's answer when from does not hold the lock:
+// ErrNotHeld, unless from handed the lock on (or released it) before. Then
+// the transfer was sent again after it took effect, and to's lock has
+// ended: from held the lock until it handed it on, so the answer must not
+// be "not held" (see backend.Transferer). sh.mu must be held.
+func (sh *shard) notFrom(key, from string, now time.Duration) error {
+	if dead, held := sh.deadToken(key, from, now); dead && held {
+		return errHandedOnBefore
+	}
+	return backend.ErrNotHeld
+}
+
+// errHandedOnBefore is a transfer's answer when from no longer holds the
+// lock because it handed it on (or released it) before: neither ErrNotHeld
+// nor a refusal, as the caller does not know what became of to's lock.
+var errHandedOnBefore = errors.New("memory: the lock was handed on (or released) by the from token before: a transfer sent again after it took effect, whose new owner no longer holds the lock")
 
 // wakeFirst wakes the longest-waiting watcher of key. Waking one waiter per
 // release, in arrival order, instead of all of them keeps a queue of

@@ -239,6 +239,7 @@ import (
 	"context"
 	crand "crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -612,12 +613,14 @@ if v == ARGV[1] or v == ARGV[1] .. '+' then
 end
 ` + releaseNotHeldLua)
 
-	// transferScript: KEYS = lock, fence, next, to's tombstone[, the
-	// slot's fence counter]; ARGV = from token, to token, ttl ms, fence
-	// reserved for to (0: take a new one), reserve ('1': reserve a fence
-	// for the owner after to). Returns {-2}, changing nothing, when to is
-	// dead (released before: a transfer that arrives after the cleanup of
-	// its unknown outcome); {0} when from does not hold the lock; {-1}
+	// transferScript: KEYS = lock, fence, next, to's tombstone, from's
+	// tombstone[, the slot's fence counter]; ARGV = from token, to token,
+	// ttl ms, fence reserved for to (0: take a new one), reserve ('1':
+	// reserve a fence for the owner after to), tombstone ms. Returns {-2},
+	// changing nothing, when to is dead (released before: a transfer that
+	// arrives after the cleanup of its unknown outcome); {-3} when from
+	// does not hold the lock and is dead (it handed the lock on, or
+	// released it, before); {0} when from does not hold the lock; {-1}
 	// when a waiter marked it and no fence was reserved (the lock is then
 	// left alone); otherwise {to's fence, the reserved fence or 0}. A
 	// marked lock passed on with a reserved fence stays marked, and
@@ -632,7 +635,15 @@ end
 	//
 	// A transfer sent again after it took effect (go-redis retried it
 	// after a lost reply) finds to holding the lock and returns to's fence,
-	// and reserves nothing.
+	// and reserves nothing. Sent again once to's lock has ended (the copy
+	// waited on the wire longer than to's TTL, or to released it), it must
+	// not answer "from does not hold the lock": from held it until it
+	// handed it on, and its Release would report a lease held until its
+	// release as lost. So a transfer kills from as a release does, with a
+	// tombstone that says it died holding the lock: that copy then answers
+	// {-3} (the caller cannot know what became of to's lock: an unknown
+	// outcome, as for a lost reply), and a release of from answers
+	// "released".
 	transferScript = goredis.NewScript(`
 if redis.call('EXISTS', KEYS[4]) == 1 then
   return {-2}
@@ -652,11 +663,14 @@ end
 local marked = false
 if v ~= ARGV[1] then
   if v ~= ARGV[1] .. '+' then
+    if redis.call('EXISTS', KEYS[5]) == 1 then
+      return {-3}
+    end
     return {0}
   end
   marked = true
 end
-local counter = KEYS[5] or KEYS[2]
+local counter = KEYS[6] or KEYS[2]
 local f = tonumber(ARGV[4])
 if f == 0 then
   if marked then
@@ -669,7 +683,8 @@ if marked then
   to = to .. '+'
 end
 redis.call('SET', KEYS[1], to, 'PX', ARGV[3])
-if KEYS[5] then
+redis.call('SET', KEYS[5], '1', 'PX', ARGV[6])
+if KEYS[6] then
   redis.call('SET', KEYS[2], f, 'PX', ARGV[3])
 end
 local nxt = 0
@@ -702,6 +717,13 @@ func (b *Backend) check() error {
 	}
 	return nil
 }
+
+// errHandedOnBefore is a transfer's answer when its from token no longer
+// holds the lock and is dead (see transferScript): the transfer was sent
+// again after it took effect and to's lock has ended, or from was released.
+// It is neither ErrNotHeld nor a refusal: the caller does not know what
+// became of to's lock, as after a lost reply.
+var errHandedOnBefore = errors.New("the lock was handed on (or released) by the from token before: a transfer sent again after it took effect, whose new owner no longer holds the lock")
 
 func storeErr(op string, err error) error {
 	return fmt.Errorf("redis: %s: %w", op, err)
@@ -792,11 +814,11 @@ func (b *Backend) Transfer(ctx context.Context, key, from, to string, ttl time.D
 	if opt.Reserve {
 		reserve = "1"
 	}
-	ks := []string{lk, fk, nextKeyOf(lk), deadKeyOf(lk, to)}
+	ks := []string{lk, fk, nextKeyOf(lk), deadKeyOf(lk, to), deadKeyOf(lk, from)}
 	if sk := b.opts.slotFenceKey(lk); sk != "" {
 		ks = append(ks, sk)
 	}
-	res, err := b.batch.run(ctx, transferScript, ks, from, to, ms(ttl), opt.Fence, reserve).Int64Slice()
+	res, err := b.batch.run(ctx, transferScript, ks, from, to, ms(ttl), opt.Fence, reserve, deadMs).Int64Slice()
 	switch {
 	case err != nil:
 		return backend.Transferred{}, storeErr("transfer", err)
@@ -804,6 +826,8 @@ func (b *Backend) Transfer(ctx context.Context, key, from, to string, ttl time.D
 		return backend.Transferred{}, backend.ErrNotHeld
 	case len(res) == 1 && res[0] == -1:
 		return backend.Transferred{}, backend.ErrTransferRefused
+	case len(res) == 1 && res[0] == -3:
+		return backend.Transferred{}, storeErr("transfer", errHandedOnBefore)
 	case len(res) == 1 && res[0] == -2:
 		return backend.Transferred{}, fmt.Errorf("%w: redis: transfer to a token that was released before; a token is for one acquisition", backend.ErrInvalid)
 	case len(res) != 2 || res[0] <= 0 || res[1] < 0:

@@ -296,6 +296,65 @@ func TestRetriedReleaseSucceeds(t *testing.T) {
 	}
 }
 
+// History 8 (found by the simulation, seeds 6317847534956863407 and
+// 391199497366984431 of TestSimRedis): a lease that handed its lock to the
+// next goroutine of its client reported itself lost. The transfer ran on
+// the store, its reply was lost with the connection, and go-redis sent it
+// again; the copy landed after the waiter's TTL had run out (the waiter
+// never learned that it held the lock), found the lock gone, and answered
+// "not held": Release returned ErrLost for a lease held until its release.
+// A transfer now kills its from token as a release does: the copy answers
+// that the lock was handed on (an unknown outcome for the waiter, who asks
+// the store again), and the release of from succeeds.
+func TestRetriedTransferAfterTheWaitersTTLIsNoLoss(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	rdb := newGoRedis(t, srv.Addr)
+	locks, px := proxiedLocks(t, srv, true, lock.WithTTL(5*time.Second), lock.WithAutoRenew(false))
+	ctx := context.Background()
+	warmUp(t, locks)
+	const key = "retried-transfer"
+	l, err := locks.Acquire(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const waiterTTL = 300 * time.Millisecond
+	waiter := make(chan error, 1)
+	go func() {
+		w, err := locks.Acquire(ctx, key, lock.WithTTL(waiterTTL))
+		if err == nil {
+			err = w.Release(ctx)
+		}
+		waiter <- err
+	}()
+	for locks.Waiting(key) < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	px.Hold(faultproxy.ToClient)
+	sent := px.Forwarded(faultproxy.ToServer)
+	released := make(chan error, 1)
+	go func() { released <- l.Release(ctx) }()
+	// The transfer reaches the store and runs there: the lock is the
+	// waiter's.
+	if err := px.WaitForwarded(ctx, faultproxy.ToServer, sent); err != nil {
+		t.Fatal(err)
+	}
+	for rdb.Get(ctx, "lock:{"+key+"}").Val() == l.Token() {
+		time.Sleep(time.Millisecond) // poll the store until the transfer ran
+	}
+	time.Sleep(waiterTTL + 50*time.Millisecond) // wait out the waiter's TTL: its lock expires unused
+	px.Reset()                                   // the reply is lost with the connection; go-redis sends the transfer again
+	px.Deliver(faultproxy.ToClient)
+	if err := <-released; err != nil {
+		t.Fatalf("Release of a lease held until it handed its lock on, after the transfer's lost reply: %v; want nil", err)
+	}
+	if !errors.Is(l.Err(), lock.ErrReleased) {
+		t.Fatalf("Err after the release: %v", l.Err())
+	}
+	if err := <-waiter; err != nil {
+		t.Fatalf("the waiter, which asks the store again after the transfer's unknown outcome: %v", err)
+	}
+}
+
 // History 6: acquires cancelled under ordinary load left their locks on the
 // store: a call already taken into a pipeline returned at once when its
 // context ended, and the cleanup release, sent on another connection, ran
