@@ -471,7 +471,9 @@ func ms(ttl time.Duration) int64 {
 //
 // A token is used for one acquisition attempt. Releasing it kills it: the
 // release script, whether or not the token held the lock, leaves a tombstone
-// key for the token (deadKeyOf) that lives deadTokenTTL. The acquire scripts
+// key for the token (deadKeyOf) that lives deadTokenTTL. A transfer that
+// hands the lock on kills its from token the same way (see
+// transferScript). The acquire scripts
 // refuse a dead token, and a release of a token that died holding the lock
 // answers "released" again. Why: requests are not always executed in the order
 // they were sent. go-redis sends a request again on a new connection after a
