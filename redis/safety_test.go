@@ -342,7 +342,7 @@ func TestRetriedTransferAfterTheWaitersTTLIsNoLoss(t *testing.T) {
 		time.Sleep(time.Millisecond) // poll the store until the transfer ran
 	}
 	time.Sleep(waiterTTL + 50*time.Millisecond) // wait out the waiter's TTL: its lock expires unused
-	px.Reset()                                   // the reply is lost with the connection; go-redis sends the transfer again
+	px.Reset()                                  // the reply is lost with the connection; go-redis sends the transfer again
 	px.Deliver(faultproxy.ToClient)
 	if err := <-released; err != nil {
 		t.Fatalf("Release of a lease held until it handed its lock on, after the transfer's lost reply: %v; want nil", err)
