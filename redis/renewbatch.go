@@ -196,13 +196,10 @@ var _ backend.BatchRenewer = (*Backend)(nil)
 // returns once every renewal is decided, like Renew once its own is; a
 // node's late answers go on in the background.
 func (r *Redlock) RenewBatch(ctx context.Context, rs []backend.Renewal) []backend.RenewResult {
-	out := make([]backend.RenewResult, len(rs))
 	if err := r.check(); err != nil {
-		for i := range out {
-			out[i].Err = err
-		}
-		return out
+		return backend.FailedRenewals(len(rs), err)
 	}
+	out := make([]backend.RenewResult, len(rs))
 	var idx []int
 	var shortest time.Duration
 	for i, x := range rs {
