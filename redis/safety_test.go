@@ -275,20 +275,10 @@ func TestRetriedReleaseSucceeds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	px.Hold(faultproxy.ToClient)
-	sent := px.Forwarded(faultproxy.ToServer)
-	released := make(chan error, 1)
-	go func() { released <- l.Release(ctx) }()
-	// The release reaches the store and runs there.
-	if err := px.WaitForwarded(ctx, faultproxy.ToServer, sent); err != nil {
-		t.Fatal(err)
-	}
-	for rdb.Exists(ctx, "lock:{retried}").Val() == 1 {
-		time.Sleep(time.Millisecond) // poll the store until the release ran
-	}
-	px.Reset() // its reply is lost with the connection; go-redis sends it again
-	px.Deliver(faultproxy.ToClient)
-	if err := <-released; err != nil {
+	// The release runs on the store; its reply is lost with the
+	// connection, and go-redis sends it again.
+	err = releaseReplyLost(t, px, l, func() bool { return rdb.Exists(ctx, "lock:{retried}").Val() == 0 }, func() {})
+	if err != nil {
 		t.Fatalf("Release of a lease held until its release, after a lost reply: %v; want nil", err)
 	}
 	if !errors.Is(l.Err(), lock.ErrReleased) {
@@ -329,22 +319,12 @@ func TestRetriedTransferAfterTheWaitersTTLIsNoLoss(t *testing.T) {
 	for locks.Waiting(key) < 1 {
 		time.Sleep(time.Millisecond)
 	}
-	px.Hold(faultproxy.ToClient)
-	sent := px.Forwarded(faultproxy.ToServer)
-	released := make(chan error, 1)
-	go func() { released <- l.Release(ctx) }()
-	// The transfer reaches the store and runs there: the lock is the
-	// waiter's.
-	if err := px.WaitForwarded(ctx, faultproxy.ToServer, sent); err != nil {
-		t.Fatal(err)
-	}
-	for rdb.Get(ctx, "lock:{"+key+"}").Val() == l.Token() {
-		time.Sleep(time.Millisecond) // poll the store until the transfer ran
-	}
-	time.Sleep(waiterTTL + 50*time.Millisecond) // wait out the waiter's TTL: its lock expires unused
-	px.Reset()                                  // the reply is lost with the connection; go-redis sends the transfer again
-	px.Deliver(faultproxy.ToClient)
-	if err := <-released; err != nil {
+	// The transfer runs on the store (the lock is the waiter's); its
+	// reply is lost with the connection once the waiter's TTL has run
+	// out, and go-redis sends the transfer again.
+	transferred := func() bool { return rdb.Get(ctx, "lock:{"+key+"}").Val() != l.Token() }
+	waitOut := func() { time.Sleep(waiterTTL + 50*time.Millisecond) } // the waiter's lock expires unused
+	if err := releaseReplyLost(t, px, l, transferred, waitOut); err != nil {
 		t.Fatalf("Release of a lease held until it handed its lock on, after the transfer's lost reply: %v; want nil", err)
 	}
 	if !errors.Is(l.Err(), lock.ErrReleased) {
@@ -353,6 +333,29 @@ func TestRetriedTransferAfterTheWaitersTTLIsNoLoss(t *testing.T) {
 	if err := <-waiter; err != nil {
 		t.Fatalf("the waiter, which asks the store again after the transfer's unknown outcome: %v", err)
 	}
+}
+
+// releaseReplyLost releases l with the proxy holding the replies, waits
+// until the release's request reached the store and ran (ran polls the
+// store), calls meanwhile, and then loses the reply with the connection, so
+// that go-redis sends the request again; it returns Release's answer.
+func releaseReplyLost(t *testing.T, px *faultproxy.Proxy, l *lock.Lease, ran func() bool, meanwhile func()) error {
+	t.Helper()
+	ctx := context.Background()
+	px.Hold(faultproxy.ToClient)
+	sent := px.Forwarded(faultproxy.ToServer)
+	released := make(chan error, 1)
+	go func() { released <- l.Release(ctx) }()
+	if err := px.WaitForwarded(ctx, faultproxy.ToServer, sent); err != nil {
+		t.Fatal(err)
+	}
+	for !ran() {
+		time.Sleep(time.Millisecond) // poll the store until the request ran
+	}
+	meanwhile()
+	px.Reset()
+	px.Deliver(faultproxy.ToClient)
+	return <-released
 }
 
 // History 6: acquires cancelled under ordinary load left their locks on the
