@@ -266,19 +266,11 @@ func TestLateTransferReplyThenAcquire(t *testing.T) {
 // free and reported the lease as lost, for a lease held until its release.
 // A released token's tombstone now answers the second release.
 func TestRetriedReleaseSucceeds(t *testing.T) {
-	srv := redistest.Start(t, redistest.NoPersistence)
-	rdb := newGoRedis(t, srv.Addr)
-	locks, px := proxiedLocks(t, srv, true, lock.WithTTL(5*time.Second), lock.WithAutoRenew(false))
+	rdb, _, px, l := heldBehindProxy(t, "retried")
 	ctx := context.Background()
-	warmUp(t, locks)
-	l, err := locks.Acquire(ctx, "retried")
-	if err != nil {
-		t.Fatal(err)
-	}
 	// The release runs on the store; its reply is lost with the
 	// connection, and go-redis sends it again.
-	err = releaseReplyLost(t, px, l, func() bool { return rdb.Exists(ctx, "lock:{retried}").Val() == 0 }, func() {})
-	if err != nil {
+	if err := releaseReplyLost(t, px, l, func() bool { return rdb.Exists(ctx, "lock:{retried}").Val() == 0 }, func() {}); err != nil {
 		t.Fatalf("Release of a lease held until its release, after a lost reply: %v; want nil", err)
 	}
 	if !errors.Is(l.Err(), lock.ErrReleased) {
@@ -297,16 +289,9 @@ func TestRetriedReleaseSucceeds(t *testing.T) {
 // that the lock was handed on (an unknown outcome for the waiter, who asks
 // the store again), and the release of from succeeds.
 func TestRetriedTransferAfterTheWaitersTTLIsNoLoss(t *testing.T) {
-	srv := redistest.Start(t, redistest.NoPersistence)
-	rdb := newGoRedis(t, srv.Addr)
-	locks, px := proxiedLocks(t, srv, true, lock.WithTTL(5*time.Second), lock.WithAutoRenew(false))
-	ctx := context.Background()
-	warmUp(t, locks)
 	const key = "retried-transfer"
-	l, err := locks.Acquire(ctx, key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rdb, locks, px, l := heldBehindProxy(t, key)
+	ctx := context.Background()
 	const waiterTTL = 300 * time.Millisecond
 	waiter := make(chan error, 1)
 	go func() {
@@ -333,6 +318,22 @@ func TestRetriedTransferAfterTheWaitersTTLIsNoLoss(t *testing.T) {
 	if err := <-waiter; err != nil {
 		t.Fatalf("the waiter, which asks the store again after the transfer's unknown outcome: %v", err)
 	}
+}
+
+// heldBehindProxy starts redis-server and a client whose connection goes
+// through a fault proxy (go-redis retries on), TTL 5s without automatic
+// renewal, and returns a direct client, the lock client, the proxy and a
+// lease of key.
+func heldBehindProxy(t *testing.T, key string) (*goredis.Client, *lock.Client, *faultproxy.Proxy, *lock.Lease) {
+	t.Helper()
+	srv := redistest.Start(t, redistest.NoPersistence)
+	locks, px := proxiedLocks(t, srv, true, lock.WithTTL(5*time.Second), lock.WithAutoRenew(false))
+	warmUp(t, locks)
+	l, err := locks.Acquire(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newGoRedis(t, srv.Addr), locks, px, l
 }
 
 // releaseReplyLost releases l with the proxy holding the replies, waits
