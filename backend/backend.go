@@ -287,10 +287,11 @@ type Transferer interface {
 	//
 	// A transfer sent again after it took effect (a client library's
 	// retry after a lost reply) succeeds with to's fence and Next 0 while
-	// to holds the key. Once to's lock has ended, it fails with an error
-	// that is not ErrNotHeld (from held the lock until it handed it on;
-	// the caller cannot know what became of to's lock), and a Release by
-	// from returns nil, as after a release of from that took effect.
+	// to holds the key. Once to's lock has ended, it fails with
+	// ErrHandedOnBefore, not ErrNotHeld (from held the lock until it
+	// handed it on; the caller cannot know what became of to's lock), and
+	// a Release by from returns nil, as after a release of from that took
+	// effect.
 	Transfer(ctx context.Context, key, from, to string, ttl time.Duration, opt TransferOptions) (Transferred, error)
 }
 
@@ -309,6 +310,13 @@ type Transferred struct {
 
 // ErrTransferRefused: Transfer found others waiting for the key.
 var ErrTransferRefused = errors.New("lock: transfer refused: others wait for the key")
+
+// ErrHandedOnBefore: Transfer found that from no longer holds the key
+// because it handed the lock on (or released it) before: the transfer was
+// sent again after it took effect, and to's lock has ended. It is neither
+// ErrNotHeld nor a refusal: the caller does not know what became of to's
+// lock, as after a lost reply (see Transferer).
+var ErrHandedOnBefore = errors.New("lock: the from token handed the lock on (or released it) before: a transfer sent again after it took effect, whose new owner no longer holds the lock")
 
 // Describer is an optional interface reporting what a backend guarantees.
 // Package lock uses MinTTL to validate input; the conformance suite uses the

@@ -603,15 +603,10 @@ func (c *Client) transfer(ctx context.Context, key, from, to string, ttl time.Du
 // be "not held" (see backend.Transferer). sh.mu must be held.
 func (sh *shard) notFrom(key, from string, now time.Duration) error {
 	if dead, held := sh.deadToken(key, from, now); dead && held {
-		return errHandedOnBefore
+		return backend.ErrHandedOnBefore
 	}
 	return backend.ErrNotHeld
 }
-
-// errHandedOnBefore is a transfer's answer when from no longer holds the
-// lock because it handed it on (or released it) before: neither ErrNotHeld
-// nor a refusal, as the caller does not know what became of to's lock.
-var errHandedOnBefore = errors.New("memory: the lock was handed on (or released) by the from token before: a transfer sent again after it took effect, whose new owner no longer holds the lock")
 
 // wakeFirst wakes the longest-waiting watcher of key. Waking one waiter per
 // release, in arrival order, instead of all of them keeps a queue of

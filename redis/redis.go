@@ -239,7 +239,6 @@ import (
 	"context"
 	crand "crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -720,13 +719,6 @@ func (b *Backend) check() error {
 	return nil
 }
 
-// errHandedOnBefore is a transfer's answer when its from token no longer
-// holds the lock and is dead (see transferScript): the transfer was sent
-// again after it took effect and to's lock has ended, or from was released.
-// It is neither ErrNotHeld nor a refusal: the caller does not know what
-// became of to's lock, as after a lost reply.
-var errHandedOnBefore = errors.New("the lock was handed on (or released) by the from token before: a transfer sent again after it took effect, whose new owner no longer holds the lock")
-
 func storeErr(op string, err error) error {
 	return fmt.Errorf("redis: %s: %w", op, err)
 }
@@ -829,7 +821,7 @@ func (b *Backend) Transfer(ctx context.Context, key, from, to string, ttl time.D
 	case len(res) == 1 && res[0] == -1:
 		return backend.Transferred{}, backend.ErrTransferRefused
 	case len(res) == 1 && res[0] == -3:
-		return backend.Transferred{}, storeErr("transfer", errHandedOnBefore)
+		return backend.Transferred{}, storeErr("transfer", backend.ErrHandedOnBefore)
 	case len(res) == 1 && res[0] == -2:
 		return backend.Transferred{}, fmt.Errorf("%w: redis: transfer to a token that was released before; a token is for one acquisition", backend.ErrInvalid)
 	case len(res) != 2 || res[0] <= 0 || res[1] < 0:
