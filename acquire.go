@@ -99,8 +99,16 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 	if !c.caps.InProcess {
 		if wait {
 			var l *Lease
-			t, l, err = c.local.waitTurn(ctx, key, cfg)
+			var tokenErr error
+			t, l, err = c.local.waitTurn(ctx, key, cfg, func() (string, error) {
+				token, err := c.tokenFor(cfg.ttl)
+				tokenErr = err
+				return token, err
+			})
 			if err != nil {
+				if tokenErr != nil {
+					return nil, wrap(op, key, tokenErr)
+				}
 				return nil, wrap(op, key, gaveUp(err, errLocalHolder))
 			}
 			if l != nil {
@@ -148,7 +156,10 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 		// outcome gave to this goroutine's queue token, is never taken
 		// for this attempt's grant, whose deadline is counted from this
 		// send.
-		token := newToken()
+		token, err := c.tokenFor(cfg.ttl)
+		if err != nil {
+			return nil, wrap(op, key, err)
+		}
 		sent := cfg.clock.Now()
 		var g backend.Grant
 		if queue != nil {

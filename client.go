@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/distlock/lock/backend"
@@ -19,6 +21,7 @@ type Client struct {
 	notifier backend.Notifier
 	transfer backend.Transferer
 	loss     backend.LossNotifier
+	prefixer backend.TokenPrefixer
 	caps     backend.Capabilities
 	cfg      config
 	sched    *scheduler // runs the timers of leases on cfg.clock
@@ -43,6 +46,9 @@ func New(b backend.Backend, opts ...Option) (*Client, error) {
 	c := &Client{b: b, cfg: defaultConfig()}
 	if n, ok := b.(backend.Notifier); ok {
 		c.notifier = n
+	}
+	if p, ok := b.(backend.TokenPrefixer); ok {
+		c.prefixer = p
 	}
 	if d, ok := b.(backend.Describer); ok {
 		c.caps = d.Capabilities()
@@ -195,6 +201,25 @@ func (c *Client) checkTTL(cfg *config) error {
 		return invalid(ErrInvalidTTL, "TTL %v leaves no validity after the drift allowance of %v; use a TTL above %v or a smaller WithDrift", ttl, d, d)
 	}
 	return nil
+}
+
+// tokenFor returns a new token for an acquisition attempt, or for a
+// goroutine waiting for a transfer, of a lease with ttl: 32 bytes, the
+// backend's prefix (backend.TokenPrefixer) followed by random hexadecimal
+// digits.
+func (c *Client) tokenFor(ttl time.Duration) (string, error) {
+	t := newToken()
+	if c.prefixer == nil {
+		return t, nil
+	}
+	p, err := c.prefixer.TokenPrefix(ttl)
+	if err != nil {
+		return "", err
+	}
+	if len(p) > backend.MaxTokenPrefix || p != "" && strings.Trim(p, "0123456789abcdef") == "" {
+		return "", fmt.Errorf("%w: the backend's token prefix %q is not one of at most %d bytes with a byte other than a hexadecimal digit (backend.TokenPrefixer)", backend.ErrInvalid, p, backend.MaxTokenPrefix)
+	}
+	return p + t[len(p):], nil
 }
 
 // entropy hands out crypto/rand bytes read in blocks: one system call per 64

@@ -75,21 +75,27 @@ func (q *localQueue) tryTurn(key string) *turn {
 
 // waitTurn waits for the key's turn, or for the end of ctx, and returns
 // the turn; or, when the previous holder transferred the lock to this
-// goroutine, a lease, which holds the turn.
-func (q *localQueue) waitTurn(ctx context.Context, key string, cfg *config) (*turn, *Lease, error) {
+// goroutine, a lease, which holds the turn. token makes the token a
+// transfer would give the lock to, when the goroutine has to wait.
+func (q *localQueue) waitTurn(ctx context.Context, key string, cfg *config, token func() (string, error)) (*turn, *Lease, error) {
 	sh := q.shard(key)
 	sh.mu.Lock()
 	if sh.takeLocked(key) {
 		sh.mu.Unlock()
 		return &turn{q: q, key: key}, nil, nil
 	}
+	// The token a transfer gives the lock to; used for nothing else.
+	tok, err := token()
+	if err != nil {
+		sh.mu.Unlock()
+		return nil, nil, err
+	}
 	k := sh.keys[key]
 	if k == nil {
 		k = &localKey{}
 		sh.keys[key] = k
 	}
-	// The token a transfer gives the lock to; used for nothing else.
-	w := &localWaiter{token: newToken(), cfg: cfg, ch: make(chan *Lease, 1)}
+	w := &localWaiter{token: tok, cfg: cfg, ch: make(chan *Lease, 1)}
 	w.elem = k.waiters.PushBack(w)
 	sh.mu.Unlock()
 

@@ -25,7 +25,7 @@ func TestTurnPassesOnce(t *testing.T) {
 	got := make(chan *turn, 2)
 	for range 2 {
 		go func() {
-			tn, _, _ := q.waitTurn(ctx, "k", nil)
+			tn, _, _ := q.waitTurn(ctx, "k", nil, func() (string, error) { return newToken(), nil })
 			got <- tn
 		}()
 	}

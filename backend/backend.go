@@ -318,6 +318,31 @@ var ErrTransferRefused = errors.New("lock: transfer refused: others wait for the
 // lock, as after a lost reply (see Transferer).
 var ErrHandedOnBefore = errors.New("lock: the from token handed the lock on (or released it) before: a transfer sent again after it took effect, whose new owner no longer holds the lock")
 
+// TokenPrefixer is an optional interface: a backend whose leases share
+// state on the store (a session that many leases of one client keep alive
+// together) names that state in the leases' tokens, so that it finds the
+// session of a renewal or a release from its token alone, with no state per
+// lease in the process.
+//
+// Package lock asks for the prefix of every token it makes for the
+// backend: each acquisition attempt (Acquire and Queue.Acquire) and each
+// goroutine waiting for a Transfer. It fills the token to 32 bytes with
+// random hexadecimal digits, so the prefix may be at most 8 bytes long,
+// leaves at least 96 random bits, and must not hold the hexadecimal digits
+// alone (a token without a prefix is 32 of them): a prefix "S" followed by
+// seven characters, say. The backend must accept tokens without a prefix
+// too (those of a lease made before, or by another client).
+//
+// TokenPrefix does not block: making the session on the store is part of
+// the first request that uses it. An error (the backend is closed) ends the
+// acquisition with it.
+type TokenPrefixer interface {
+	TokenPrefix(ttl time.Duration) (string, error)
+}
+
+// MaxTokenPrefix is the longest prefix a TokenPrefixer may return.
+const MaxTokenPrefix = 8
+
 // Describer is an optional interface reporting what a backend guarantees.
 // Package lock uses MinTTL to validate input; the conformance suite uses the
 // rest to derive its waits and its checks.
