@@ -101,7 +101,7 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 			var l *Lease
 			var tokenErr error
 			t, l, err = c.local.waitTurn(ctx, key, cfg, func() (string, error) {
-				token, err := c.tokenFor(cfg.ttl)
+				token, err := c.tokenFor(cfg)
 				tokenErr = err
 				return token, err
 			})
@@ -156,7 +156,7 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 		// outcome gave to this goroutine's queue token, is never taken
 		// for this attempt's grant, whose deadline is counted from this
 		// send.
-		token, err := c.tokenFor(cfg.ttl)
+		token, err := c.tokenFor(cfg)
 		if err != nil {
 			return nil, wrap(op, key, err)
 		}

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 	"unicode/utf8"
 
 	"github.com/distlock/lock/backend"
@@ -204,15 +203,15 @@ func (c *Client) checkTTL(cfg *config) error {
 }
 
 // tokenFor returns a new token for an acquisition attempt, or for a
-// goroutine waiting for a transfer, of a lease with ttl: 32 bytes, the
+// goroutine waiting for a transfer, of a lease with cfg: 32 bytes, the
 // backend's prefix (backend.TokenPrefixer) followed by random hexadecimal
-// digits.
-func (c *Client) tokenFor(ttl time.Duration) (string, error) {
+// digits, for a lease that renews itself; random digits alone otherwise.
+func (c *Client) tokenFor(cfg *config) (string, error) {
 	t := newToken()
-	if c.prefixer == nil {
+	if c.prefixer == nil || !cfg.autoRenew {
 		return t, nil
 	}
-	p, err := c.prefixer.TokenPrefix(ttl)
+	p, err := c.prefixer.TokenPrefix(cfg.ttl)
 	if err != nil {
 		return "", err
 	}
@@ -220,6 +219,12 @@ func (c *Client) tokenFor(ttl time.Duration) (string, error) {
 		return "", fmt.Errorf("%w: the backend's token prefix %q is not one of at most %d bytes with a byte other than a hexadecimal digit (backend.TokenPrefixer)", backend.ErrInvalid, p, backend.MaxTokenPrefix)
 	}
 	return p + t[len(p):], nil
+}
+
+// prefixed reports whether token starts with a backend's prefix (see
+// tokenFor): a token without one is hexadecimal.
+func prefixed(token string) bool {
+	return token != "" && strings.IndexByte("0123456789abcdef", token[0]) < 0
 }
 
 // entropy hands out crypto/rand bytes read in blocks: one system call per 64

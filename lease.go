@@ -368,6 +368,12 @@ func (l *Lease) checkDeadlineLocked() bool {
 		err = fmt.Errorf("%w: validity deadline passed (automatic renewal is off)", ErrLost)
 	}
 	l.endLocked(stateLost, err)
+	if prefixed(l.token) {
+		// The lock may live on with its session on the store, which
+		// the leases of this client still renew (backend.TokenPrefixer):
+		// free it.
+		l.c.cleanup(context.Background(), l.key, l.token, l.v.ttl, nil)
+	}
 	return true
 }
 

@@ -33,12 +33,13 @@ func (p *prefixing) Acquire(ctx context.Context, key, token string, ttl time.Dur
 }
 
 // A backend.TokenPrefixer's prefix starts every token of the client's
-// attempts, which stay 32 bytes long and distinct; a prefix the contract
-// does not allow, or an error, ends the attempt with nothing sent.
+// attempts for leases that renew themselves, which stay 32 bytes long and
+// distinct, and no other; a prefix the contract does not allow, or an
+// error, ends the attempt with nothing sent.
 func TestTokenPrefix(t *testing.T) {
 	ctx := context.Background()
 	b := &prefixing{Backend: memory.New(), prefix: "Sabcdefg"}
-	c, err := lock.New(b, lock.WithAutoRenew(false))
+	c, err := lock.New(b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,6 +59,16 @@ func TestTokenPrefix(t *testing.T) {
 			t.Fatalf("tokens %q: want 32 bytes each, distinct, starting with the backend's prefix", b.tokens)
 		}
 		seen[tok] = true
+	}
+	l, err := c.Acquire(ctx, "k", lock.WithAutoRenew(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if tok := b.tokens[len(b.tokens)-1]; strings.HasPrefix(tok, "S") {
+		t.Errorf("token %q of a lease without automatic renewal has the backend's prefix", tok)
 	}
 	for _, bad := range []struct {
 		prefix string

@@ -325,8 +325,12 @@ var ErrHandedOnBefore = errors.New("lock: the from token handed the lock on (or 
 // lease in the process.
 //
 // Package lock asks for the prefix of every token it makes for the
-// backend: each acquisition attempt (Acquire and Queue.Acquire) and each
-// goroutine waiting for a Transfer. It fills the token to 32 bytes with
+// backend for a lease that renews itself (automatic renewal): each
+// acquisition attempt (Acquire and Queue.Acquire) and each goroutine
+// waiting for a Transfer. A lease whose token has a prefix and that ends
+// lost at its deadline (its renewals failed, or it reached its maximum
+// hold time) is released in the background: its lock may live on with its
+// session. It fills the token to 32 bytes with
 // random hexadecimal digits, so the prefix may be at most 8 bytes long,
 // leaves at least 96 random bits, and must not hold the hexadecimal digits
 // alone (a token without a prefix is 32 of them): a prefix "S" followed by

@@ -150,11 +150,12 @@ type singleHarness struct {
 	srv        *redistest.Server
 	durable    bool
 	slotFences bool
+	sessions   bool
 }
 
 func (h *singleHarness) NewBackend(context.Context) (backend.Backend, error) {
 	rdbs, proxies := h.clientsOf([]string{h.srv.Addr})
-	b := &ownsClients{redis.New(rdbs[0], redis.WithDurableFence(h.durable), redis.WithSlotFenceCounters(h.slotFences), redis.WithMaxTTL(harnessMaxTTL)), rdbs, proxies}
+	b := &ownsClients{redis.New(rdbs[0], redis.WithDurableFence(h.durable), redis.WithSlotFenceCounters(h.slotFences), redis.WithSessions(h.sessions), redis.WithMaxTTL(harnessMaxTTL)), rdbs, proxies}
 	h.remember(b, proxies)
 	return b, nil
 }
@@ -220,6 +221,14 @@ func TestConformanceSingleNode(t *testing.T) {
 func TestConformanceSingleNodeSlotFences(t *testing.T) {
 	conformance.Run(t, func(t *testing.T) conformance.Harness {
 		return &singleHarness{proxied: proxied{t: t}, srv: redistest.Start(t, redistest.AOFAlways), durable: true, slotFences: true}
+	}, conformance.RequireHooks())
+}
+
+// The same with sessions (WithSessions): the leases that renew themselves
+// share a session per TTL.
+func TestConformanceSingleNodeSessions(t *testing.T) {
+	conformance.Run(t, func(t *testing.T) conformance.Harness {
+		return &singleHarness{proxied: proxied{t: t}, srv: redistest.Start(t, redistest.AOFAlways), durable: true, sessions: true}
 	}, conformance.RequireHooks())
 }
 
@@ -343,6 +352,12 @@ func TestConformanceRedlock5(t *testing.T) {
 func TestFaultRunsSingleNode(t *testing.T) {
 	conformance.RunFaults(t, func(t *testing.T) conformance.Harness {
 		return &singleHarness{proxied: proxied{t: t}, srv: redistest.Start(t, redistest.AOFAlways), durable: true}
+	})
+}
+
+func TestFaultRunsSingleNodeSessions(t *testing.T) {
+	conformance.RunFaults(t, func(t *testing.T) conformance.Harness {
+		return &singleHarness{proxied: proxied{t: t}, srv: redistest.Start(t, redistest.AOFAlways), durable: true, sessions: true}
 	})
 }
 

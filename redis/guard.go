@@ -29,8 +29,10 @@ import (
 // setIfHeldScript: KEYS = lock, data key; ARGV = token, value, expiry ms
 // (0: none). Sets the data key if token holds the lock (also when waiters
 // marked it). Returns 1 when it wrote, 0 when token does not hold the lock.
-var setIfHeldScript = goredis.NewScript(`
-local v = redis.call('GET', KEYS[1])
+var setIfHeldScript = goredis.NewScript(plainLua + setIfHeldLua)
+
+const setIfHeldLua = `
+local v = live(KEYS[1])
 if v ~= ARGV[1] and v ~= ARGV[1] .. '+' then
   return 0
 end
@@ -39,7 +41,7 @@ if tonumber(ARGV[3]) > 0 then
 else
   redis.call('SET', KEYS[2], ARGV[2])
 end
-return 1`)
+return 1`
 
 // SetIfHeld sets key to value (with an expiry, unless expiration is 0) only
 // while l, a lease of a lock.Client over this backend, holds its lock on the
@@ -71,7 +73,7 @@ func (b *Backend) SetIfHeld(ctx context.Context, l *lock.Lease, key, value strin
 		return err
 	}
 	lk, _ := keys(b.opts.prefix, l.Key())
-	n, err := b.batch.run(ctx, setIfHeldScript, []string{lk, key}, l.Token(), value, ms(expiration)).Int64()
+	n, err := b.batch.run(ctx, b.sc.setIfHeld, []string{lk, key}, b.stored(l.Token()), value, ms(expiration)).Int64()
 	if err != nil {
 		return storeErr("set if held", err)
 	}

@@ -113,15 +113,32 @@ var (
 	// which did not take it (it learned of it too late): the script takes
 	// it over for token as a new grant, with a new fence and the TTL from
 	// this request.
-	placeAcquireScript = goredis.NewScript(`
+	placeAcquireScript = goredis.NewScript(plainLua + placeAcquireLua)
+
+	// queueReleaseScript: see queueReleaseLua.
+	queueReleaseScript = goredis.NewScript(plainLua + queueReleaseLua)
+
+	// refreshScript: see refreshLua.
+	refreshScript = goredis.NewScript(plainLua + refreshLua)
+)
+
+// The queue's scripts' Lua text, which the helpers of the backend's mode
+// precede (see session.go).
+var (
+	placeAcquireLua = `
 if redis.call('EXISTS', KEYS[3]) == 1 then
   return redis.error_reply('DEAD token released before')
 end
-local v = redis.call('GET', KEYS[1])
+if not join(ARGV[1], ARGV[2]) then
+  return redis.error_reply('ENDED session ended')
+end
+local v = live(KEYS[1])
 local function grant(marked)
   local val = ARGV[1]
   if marked then val = val .. '+' end
-  redis.call('SET', KEYS[1], val, 'PX', ARGV[2])
+  leave(KEYS[1], v)
+  redis.call('SET', KEYS[1], val, 'PX', span(val, ARGV[2]))
+  enter(KEYS[1], val)
   redis.call('ZREM', KEYS[5], ARGV[3])
   redis.call('DEL', KEYS[6])
   if KEYS[7] then
@@ -137,8 +154,8 @@ local function grant(marked)
   return {redis.call('INCR', KEYS[2])}
 end
 if v == ARGV[1] or v == ARGV[1] .. '+' then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  redis.call('PEXPIRE', KEYS[4], ARGV[2])
+  redis.call('PEXPIRE', KEYS[1], span(v, ARGV[2]))
+  redis.call('PEXPIRE', KEYS[4], span(v, ARGV[2]))
   if KEYS[7] then
     redis.call('PEXPIRE', KEYS[2], ARGV[2])
   end
@@ -184,7 +201,7 @@ elseif string.byte(v, -1) ~= 43 then
 end
 if not redis.call('ZSCORE', KEYS[5], ARGV[3]) and redis.call('ZCARD', KEYS[5]) >= tonumber(ARGV[7]) then
   local p = 0
-  if v then p = redis.call('PTTL', KEYS[1]) end
+  if v then p = pttl(KEYS[1], v) end
   if p < 0 then p = 0 end
   return {-p, 3}
 end
@@ -206,9 +223,9 @@ else
 end
 if more then return {0, 2} end
 if not v then return {0, 0} end
-local p = redis.call('PTTL', KEYS[1])
+local p = pttl(KEYS[1], v)
 if p < 0 then p = 0 end
-return {-p, first}`)
+return {-p, first}`
 
 	// queueReleaseScript is the single deployment's release: KEYS = lock,
 	// dead token, fence, queue, the releasing place's record[, the slot's
@@ -225,19 +242,21 @@ return {-p, first}`)
 	// when the released lock was marked: a waiter outside the queue (a
 	// plain Acquire and a Watch, as package migrate's backends wait)
 	// marked it, and it must hear the next release.
-	queueReleaseScript = goredis.NewScript(`
+	queueReleaseLua = `
 if ARGV[5] ~= '' then
   redis.call('ZREM', KEYS[4], ARGV[5])
   redis.call('DEL', KEYS[5])
 end
-local v = redis.call('GET', KEYS[1])
+local v = live(KEYS[1])
 if v == ARGV[1] then
   redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
   redis.call('DEL', KEYS[1])
+  leave(KEYS[1], v)
   return 1
 end
 if v == ARGV[1] .. '+' then
   redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+  leave(KEYS[1], v)
   local more = 1
   for i = 1, ` + scanBound + ` do
     local hs = redis.call('ZRANGE', KEYS[4], 0, 1)
@@ -254,7 +273,7 @@ if v == ARGV[1] .. '+' then
     if sp then p = redis.call('PTTL', r) end
     if p > 0 then
       local t = string.sub(rv, 1, sp - 1)
-      if redis.call('EXISTS', ARGV[6] .. t) == 0 then
+      if redis.call('EXISTS', ARGV[6] .. t) == 0 and alive(t) then
         local val = t
         if hs[2] or v ~= ARGV[1] then val = t .. '+' end
         redis.call('SET', KEYS[1], val, 'PX', p)
@@ -280,15 +299,18 @@ if v == ARGV[1] .. '+' then
   redis.call('PUBLISH', ARGV[3], ARGV[1])
   return 1 + more
 end
-` + releaseNotHeldLua)
+` + releaseNotHeldLua
 
 	// refreshScript: KEYS = record, queue, lock; ARGV = ttl ms, place id,
 	// record prefix. Returns {0, 0} when the record is gone; else {1, the
 	// lock's PTTL} when the place is first in the queue (-2: the lock is
 	// free), or {1, -3} when it is not. A place behind others first drops
 	// the dead places before it (at most scanBound).
-	refreshScript = goredis.NewScript(`
+	refreshLua = `
 if redis.call('PEXPIRE', KEYS[1], ARGV[1]) == 0 then
+  return {0, 0}
+end
+if ARGV[4] and not join(ARGV[4], ARGV[1]) then
   return {0, 0}
 end
 redis.call('PEXPIRE', KEYS[2], ARGV[1], 'GT')
@@ -304,9 +326,12 @@ if r and r > 0 then
   r = redis.call('ZRANK', KEYS[2], ARGV[2])
 end
 if r == 0 then
-  return {1, redis.call('PTTL', KEYS[3])}
+  return {1, pttl(KEYS[3], live(KEYS[3]))}
 end
-return {1, -3}`)
+return {1, -3}`
+)
+
+var (
 
 	// sweepScript: KEYS = queue; ARGV = record prefix, the prefix of the
 	// key's tombstones. It drops at most scanBound dead places from the
@@ -380,6 +405,7 @@ type place struct {
 	mu     sync.Mutex
 	w      *watch // the subscription to the place's channel, once queued
 	closed bool
+	token  string // as stored: the token of the latest attempt
 }
 
 func (p *place) acquireKeys(token string) []string {
@@ -415,12 +441,19 @@ func (p *place) Attempt(ctx context.Context, a waitq.Attempt) (waitq.Result, err
 		subscribed = true
 	}
 	sent := time.Now()
-	out, err := b.batch.run(ctx, placeAcquireScript, p.acquireKeys(a.Token), a.Token, ms(a.TTL), p.id, a.Prev, recordPrefixOf(p.lk), ch, b.opts.maxWaiters).Int64Slice()
+	st, prev := b.stored(a.Token), a.Prev
+	if prev != "" {
+		prev = b.stored(prev)
+	}
+	p.mu.Lock()
+	p.token = st
+	p.mu.Unlock()
+	out, err := b.batch.run(ctx, b.sc.placeAcquire, p.acquireKeys(st), st, ms(a.TTL), p.id, prev, recordPrefixOf(p.lk), ch, b.opts.maxWaiters).Int64Slice()
 	if err == nil && (len(out) == 0 || len(out) > 2 || (out[0] <= 0) != (len(out) == 2)) {
 		err = fmt.Errorf("unexpected script reply %v", out)
 	}
 	if err != nil {
-		return waitq.Result{Queued: true}, acquireErr(err)
+		return waitq.Result{Queued: true}, b.acquireErr(a.Token, err)
 	}
 	if out[0] > 0 {
 		return waitq.Result{Grant: backend.Grant{Fence: uint64(out[0]), TTL: granted(a.TTL)}}, nil
@@ -447,7 +480,7 @@ func (p *place) Attempt(ctx context.Context, a waitq.Attempt) (waitq.Result, err
 		// Join the key's channel, then check once more: a handover
 		// published before the subscription was not heard.
 		if err := p.subscribe(ctx, ch); err == nil {
-			if h, err := inspect(ctx, b.batch, p.lk, p.fk); err == nil && h.Held && h.Token == a.Token {
+			if h, err := inspect(ctx, b.batch, b.sc.inspect, p.lk, p.fk); err == nil && h.Held && h.Token == a.Token {
 				p.confirm(a.Token, h.Fence)
 			}
 		}
@@ -458,7 +491,13 @@ func (p *place) Attempt(ctx context.Context, a waitq.Attempt) (waitq.Result, err
 // Refresh implements waitq.Store: refreshScript, which also tells the
 // place first in the queue when the holder's lock expires.
 func (p *place) Refresh(ctx context.Context, ttl time.Duration) (waitq.Refreshed, error) {
-	out, err := p.b.batch.run(ctx, refreshScript, []string{p.rec, queueKeyOf(p.lk), p.lk}, ms(ttl), p.id, recordPrefixOf(p.lk)).Int64Slice()
+	args := []any{ms(ttl), p.id, recordPrefixOf(p.lk)}
+	p.mu.Lock()
+	if p.token != "" {
+		args = append(args, p.token) // its session lives on while it waits
+	}
+	p.mu.Unlock()
+	out, err := p.b.batch.run(ctx, p.b.sc.refresh, []string{p.rec, queueKeyOf(p.lk), p.lk}, args...).Int64Slice()
 	if err == nil && len(out) != 2 {
 		err = fmt.Errorf("unexpected script reply %v", out)
 	}
@@ -575,6 +614,7 @@ func (p *place) subscribe(ctx context.Context, ch string) error {
 // for the place id with record rec when id is not "". It returns the
 // script's answer: 1 released (now or before), 0 not held.
 func (b *Backend) releaseWith(ctx context.Context, lk, token, rec, id string) (int64, error) {
+	token = b.stored(token)
 	ks := []string{lk, deadKeyOf(lk, token), fenceKeyOf(lk), queueKeyOf(lk), rec}
 	if rec == "" {
 		ks[4] = recordPrefixOf(lk) // a key of the slot; unused without an id
@@ -582,7 +622,7 @@ func (b *Backend) releaseWith(ctx context.Context, lk, token, rec, id string) (i
 	if sk := b.opts.slotFenceKey(lk); sk != "" {
 		ks = append(ks, sk)
 	}
-	n, err := b.batch.run(ctx, queueReleaseScript, ks, token, deadMs, channelOf(lk), recordPrefixOf(lk), id, deadKeyOf(lk, "")).Int64()
+	n, err := b.batch.run(ctx, b.sc.queueRelease, ks, token, deadMs, channelOf(lk), recordPrefixOf(lk), id, deadKeyOf(lk, "")).Int64()
 	if err == nil && n == 2 {
 		// Released, but the search for a waiter stopped at its bound:
 		// sweep the rest of the dead places, a bounded step per request.
@@ -629,5 +669,5 @@ func parseHandover(msg string) (id string, fence uint64, token string, ok bool) 
 	if err != nil || f == 0 {
 		return "", 0, "", false
 	}
-	return parts[0], f, parts[2], true
+	return parts[0], f, unstored(parts[2]), true
 }

@@ -279,7 +279,8 @@ type options struct {
 	ownClients   bool
 	fewNodes     bool
 	slotFences   bool
-	maxWaiters   int // see WithMaxWaiters, in queue.go
+	maxWaiters   int  // see WithMaxWaiters, in queue.go
+	sessions     bool // see WithSessions, in session.go
 }
 
 func defaultOptions() options {
@@ -356,6 +357,12 @@ type Backend struct {
 	notify *notifier
 	queues *waitq.Group
 	closed atomic.Bool
+	// sc is the scripts of the backend's mode; sessions is nil without
+	// sessions, and refused says why the backend cannot have the
+	// sessions it was asked for (see session.go).
+	sc       *scriptSet
+	sessions *sessions
+	refused  error
 }
 
 var (
@@ -378,7 +385,11 @@ func New(rdb Client, opts ...Option) *Backend {
 	}
 	var id [8]byte
 	crand.Read(id[:])
-	return &Backend{id: hex.EncodeToString(id[:]), rdb: rdb, batch: newBatcher(rdb, o.ownClients), opts: o, notify: newNotifier(o.ownClients, rdb), queues: waitq.NewGroup()}
+	b := &Backend{id: hex.EncodeToString(id[:]), rdb: rdb, batch: newBatcher(rdb, o.ownClients), opts: o, notify: newNotifier(o.ownClients, rdb), queues: waitq.NewGroup(), sc: plainScripts}
+	if b.refused = sessionsRefused(rdb, o); o.sessions && b.refused == nil {
+		b.sc, b.sessions = sessionScripts, newSessions(b)
+	}
+	return b
 }
 
 // keys returns the Redis keys of a lock: the lock key "PREFIX{TAG}" and its
@@ -513,7 +524,26 @@ var (
 	// fence key then records the holder's fence, with the lock's expiry.
 	// The next key, when there is one, expires with the lock in both
 	// modes.
-	acquireScript = goredis.NewScript(`
+	acquireScript = goredis.NewScript(plainLua + acquireLua)
+
+	// renewScript: KEYS = lock, then the keys that expire with it (the
+	// next key; with slot counters, the fence key); ARGV = token, ttl ms.
+	// Returns 1, or 0 when token does not hold the lock. With sessions, it
+	// brings a lock handed to token into its session (see place.confirm).
+	renewScript = goredis.NewScript(plainLua + renewLua)
+
+	// transferScript: see transferLua.
+	transferScript = goredis.NewScript(plainLua + transferLua)
+
+	// inspectScript: KEYS = lock, fence, next. Returns {} or {token, pttl,
+	// the holder's fence}.
+	inspectScript = goredis.NewScript(plainLua + inspectLua)
+)
+
+// The scripts' Lua text, which the helpers of the backend's mode precede
+// (plainLua or sessionLua, see session.go).
+const (
+	acquireLua = `
 local n
 if ARGV[3] then
   n = redis.call('EXISTS', KEYS[3], ARGV[3])
@@ -523,7 +553,10 @@ end
 if n > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
   return redis.error_reply('DEAD token released before')
 end
-if n > 0 and redis.call('EXISTS', KEYS[1]) == 0 then
+if not join(ARGV[1], ARGV[2]) then
+  return redis.error_reply('ENDED session ended')
+end
+if n > 0 and not live(KEYS[1]) then
   for i = 1, ` + scanBound + ` do
     local h = redis.call('ZRANGE', ARGV[3], 0, 0)[1]
     if not h then break end
@@ -537,7 +570,16 @@ if n > 0 and redis.call('EXISTS', KEYS[1]) == 0 then
     if i == ` + scanBound + ` then return 0 end
   end
 end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+local took = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', span(ARGV[1], ARGV[2]))
+local v
+if not took then
+  v = live(KEYS[1])
+  if not v then
+    took = redis.call('SET', KEYS[1], ARGV[1], 'PX', span(ARGV[1], ARGV[2]))
+  end
+end
+if took then
+  enter(KEYS[1], ARGV[1])
   if KEYS[5] then
     local f = redis.call('INCR', KEYS[5])
     local old = tonumber(redis.call('GET', KEYS[2]) or '0')
@@ -550,10 +592,9 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   end
   return redis.call('INCR', KEYS[2])
 end
-local v = redis.call('GET', KEYS[1])
 if v == ARGV[1] or v == ARGV[1] .. '+' then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  redis.call('PEXPIRE', KEYS[4], ARGV[2])
+  redis.call('PEXPIRE', KEYS[1], span(v, ARGV[2]))
+  redis.call('PEXPIRE', KEYS[4], span(v, ARGV[2]))
   if KEYS[5] then
     redis.call('PEXPIRE', KEYS[2], ARGV[2])
   end
@@ -566,22 +607,26 @@ end
 if string.byte(v, -1) ~= 43 then
   redis.call('APPEND', KEYS[1], '+')
 end
-local p = redis.call('PTTL', KEYS[1])
+local p = pttl(KEYS[1], v)
 if p < 0 then p = 0 end
-return -p`)
+return -p`
 
-	// renewScript: KEYS = lock, then the keys that expire with it (the
-	// next key; with slot counters, the fence key); ARGV = token, ttl ms.
-	// Returns 1, or 0 when token does not hold the lock.
-	renewScript = goredis.NewScript(`
-local v = redis.call('GET', KEYS[1])
+	renewLua = `
+local v = live(KEYS[1])
 if v ~= ARGV[1] and v ~= ARGV[1] .. '+' then
   return 0
 end
-for i = 2, #KEYS do
-  redis.call('PEXPIRE', KEYS[i], ARGV[2])
+if not join(v, ARGV[2]) then
+  return 0
 end
-return redis.call('PEXPIRE', KEYS[1], ARGV[2])`)
+enter(KEYS[1], v)
+for i = 2, #KEYS do
+  redis.call('PEXPIRE', KEYS[i], span(v, ARGV[2]))
+end
+return redis.call('PEXPIRE', KEYS[1], span(v, ARGV[2]))`
+)
+
+var (
 
 	// releaseNotHeldLua ends the release scripts, for a token that does
 	// not hold the lock (KEYS[2]: its tombstone; ARGV[2]: tombstone ms):
@@ -645,11 +690,11 @@ end
 	// {-3} (the caller cannot know what became of to's lock: an unknown
 	// outcome, as for a lost reply), and a release of from answers
 	// "released".
-	transferScript = goredis.NewScript(`
+	transferLua = `
 if redis.call('EXISTS', KEYS[4]) == 1 then
   return {-2}
 end
-local v = redis.call('GET', KEYS[1])
+local v = live(KEYS[1])
 if v == ARGV[2] or v == ARGV[2] .. '+' then
   local f = tonumber(ARGV[4])
   if f == 0 then
@@ -679,11 +724,16 @@ if f == 0 then
   end
   f = redis.call('INCR', counter)
 end
+if not join(ARGV[2], ARGV[3]) then
+  return {-4}
+end
 local to = ARGV[2]
 if marked then
   to = to .. '+'
 end
-redis.call('SET', KEYS[1], to, 'PX', ARGV[3])
+leave(KEYS[1], v)
+redis.call('SET', KEYS[1], to, 'PX', span(to, ARGV[3]))
+enter(KEYS[1], to)
 redis.call('SET', KEYS[5], '1', 'PX', ARGV[6])
 if KEYS[6] then
   redis.call('SET', KEYS[2], f, 'PX', ARGV[3])
@@ -691,16 +741,14 @@ end
 local nxt = 0
 if ARGV[5] == '1' and not marked then
   nxt = redis.call('INCR', counter)
-  redis.call('SET', KEYS[3], nxt, 'PX', ARGV[3])
+  redis.call('SET', KEYS[3], nxt, 'PX', span(to, ARGV[3]))
 else
   redis.call('DEL', KEYS[3])
 end
-return {f, nxt}`)
+return {f, nxt}`
 
-	// inspectScript: KEYS = lock, fence, next. Returns {} or {token, pttl,
-	// the holder's fence}.
-	inspectScript = goredis.NewScript(`
-local v = redis.call('GET', KEYS[1])
+	inspectLua = `
+local v = live(KEYS[1])
 if not v then
   return {}
 end
@@ -709,7 +757,7 @@ local f = tonumber(c)
 if redis.call('GET', KEYS[3]) == c then
   f = f - 1
 end
-return {v, redis.call('PTTL', KEYS[1]), f}`)
+return {v, pttl(KEYS[1], v), f}`
 )
 
 func (b *Backend) check() error {
@@ -721,6 +769,18 @@ func (b *Backend) check() error {
 
 func storeErr(op string, err error) error {
 	return fmt.Errorf("redis: %s: %w", op, err)
+}
+
+// acquireErr classifies an acquire script's error for token: a dead token
+// is bad input (tokens are for one attempt); a session that ended took
+// nothing, and the next attempt joins a new one (see session.go);
+// anything else is an unknown outcome.
+func (b *Backend) acquireErr(token string, err error) error {
+	if goredis.HasErrorPrefix(err, "ENDED") && b.sessions != nil {
+		b.sessions.ended(token)
+		return fmt.Errorf("%w: %w", errSessionEnded, backend.ErrContended)
+	}
+	return acquireErr(err)
 }
 
 // acquireErr classifies an acquire script's error: a dead token is bad
@@ -741,13 +801,14 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Durat
 		return backend.Grant{}, err
 	}
 	lk, fk := keys(b.opts.prefix, key)
-	ks := []string{lk, fk, deadKeyOf(lk, token), nextKeyOf(lk)}
+	st := b.stored(token)
+	ks := []string{lk, fk, deadKeyOf(lk, st), nextKeyOf(lk)}
 	if sk := b.opts.slotFenceKey(lk); sk != "" {
 		ks = append(ks, sk)
 	}
-	res, err := b.batch.run(ctx, acquireScript, ks, token, ms(ttl), queueKeyOf(lk), recordPrefixOf(lk)).Int64()
+	res, err := b.batch.run(ctx, b.sc.acquire, ks, st, ms(ttl), queueKeyOf(lk), recordPrefixOf(lk)).Int64()
 	if err != nil {
-		return backend.Grant{}, acquireErr(err)
+		return backend.Grant{}, b.acquireErr(token, err)
 	}
 	if res <= 0 {
 		return backend.Grant{}, backend.Locked(time.Duration(-res) * time.Millisecond)
@@ -768,7 +829,12 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 	if err := b.checkTTL(ttl); err != nil {
 		return backend.Grant{}, err
 	}
-	ok, err := b.batch.run(ctx, renewScript, b.opts.renewKeys(key), token, ms(ttl)).Int64()
+	if b.sessions != nil && b.sessions.lookup(token) != nil {
+		res := make([]backend.RenewResult, 1)
+		b.sessions.renew(ctx, []backend.Renewal{{Key: key, Token: token, TTL: ttl}}, res)
+		return res[0].Grant, res[0].Err
+	}
+	ok, err := b.batch.run(ctx, b.sc.renew, b.opts.renewKeys(key), b.stored(token), ms(ttl)).Int64()
 	if err != nil {
 		return backend.Grant{}, storeErr("renew", err)
 	}
@@ -808,11 +874,12 @@ func (b *Backend) Transfer(ctx context.Context, key, from, to string, ttl time.D
 	if opt.Reserve {
 		reserve = "1"
 	}
+	from, to = b.stored(from), b.stored(to)
 	ks := []string{lk, fk, nextKeyOf(lk), deadKeyOf(lk, to), deadKeyOf(lk, from)}
 	if sk := b.opts.slotFenceKey(lk); sk != "" {
 		ks = append(ks, sk)
 	}
-	res, err := b.batch.run(ctx, transferScript, ks, from, to, ms(ttl), opt.Fence, reserve, deadMs).Int64Slice()
+	res, err := b.batch.run(ctx, b.sc.transfer, ks, from, to, ms(ttl), opt.Fence, reserve, deadMs).Int64Slice()
 	switch {
 	case err != nil:
 		return backend.Transferred{}, storeErr("transfer", err)
@@ -820,6 +887,9 @@ func (b *Backend) Transfer(ctx context.Context, key, from, to string, ttl time.D
 		return backend.Transferred{}, backend.ErrNotHeld
 	case len(res) == 1 && res[0] == -1:
 		return backend.Transferred{}, backend.ErrTransferRefused
+	case len(res) == 1 && res[0] == -4:
+		b.sessions.ended(unstored(to))
+		return backend.Transferred{}, storeErr("transfer", errSessionEnded)
 	case len(res) == 1 && res[0] == -3:
 		return backend.Transferred{}, storeErr("transfer", backend.ErrHandedOnBefore)
 	case len(res) == 1 && res[0] == -2:
@@ -836,11 +906,11 @@ func (b *Backend) Inspect(ctx context.Context, key string) (backend.Holder, erro
 		return backend.Holder{}, err
 	}
 	lk, fk := keys(b.opts.prefix, key)
-	return inspect(ctx, b.batch, lk, fk)
+	return inspect(ctx, b.batch, b.sc.inspect, lk, fk)
 }
 
-func inspect(ctx context.Context, n *batcher, lk, fk string) (backend.Holder, error) {
-	res, err := n.run(ctx, inspectScript, []string{lk, fk, nextKeyOf(lk)}).Slice()
+func inspect(ctx context.Context, n *batcher, script *goredis.Script, lk, fk string) (backend.Holder, error) {
+	res, err := n.run(ctx, script, []string{lk, fk, nextKeyOf(lk)}).Slice()
 	if err != nil {
 		return backend.Holder{}, storeErr("inspect", err)
 	}
@@ -848,7 +918,7 @@ func inspect(ctx context.Context, n *batcher, lk, fk string) (backend.Holder, er
 		return backend.Holder{}, nil
 	}
 	token, _ := res[0].(string)
-	token = strings.TrimSuffix(token, "+") // a waiter's mark
+	token = unstored(strings.TrimSuffix(token, "+")) // a waiter's mark, a session
 	pttl, _ := res[1].(int64)
 	fence, _ := res[2].(int64)
 	return backend.Holder{Held: true, Token: token, Fence: uint64(fence), Remaining: max(0, time.Duration(pttl)*time.Millisecond)}, nil
@@ -893,6 +963,9 @@ func (b *Backend) Close() error {
 	}
 	b.queues.Close()
 	b.notify.close()
+	if b.sessions != nil {
+		b.sessions.close()
+	}
 	if b.opts.ownClients {
 		if c, ok := b.rdb.(interface{ Close() error }); ok {
 			return c.Close()

@@ -741,7 +741,7 @@ func (r *Redlock) Inspect(ctx context.Context, key string) (backend.Holder, erro
 		return votes, ok, pending
 	}
 	errs, _ := r.gather(ctx, 0, func(ctx context.Context, i int, n *batcher) (err error) {
-		holders[i], err = inspect(ctx, n, lk, fk)
+		holders[i], err = inspect(ctx, n, inspectScript, lk, fk)
 		return err
 	}, func(errs []error) bool {
 		votes, ok, pending := tally(errs)

@@ -161,14 +161,21 @@ func (b *Backend) RenewBatch(ctx context.Context, rs []backend.Renewal) []backen
 		return backend.FailedRenewals(len(rs), err)
 	}
 	out := make([]backend.RenewResult, len(rs))
+	var bySession []bool
+	if b.sessions != nil {
+		bySession = b.sessions.renew(ctx, rs, out)
+	}
 	calls := make([]*call, 0, len(rs))
 	idx := make([]int, 0, len(rs))
 	for i, r := range rs {
+		if bySession != nil && bySession[i] {
+			continue
+		}
 		if err := b.checkTTL(r.TTL); err != nil {
 			out[i].Err = err
 			continue
 		}
-		calls = append(calls, b.batch.newCall(ctx, renewScript, b.opts.renewKeys(r.Key), r.Token, ms(r.TTL)))
+		calls = append(calls, b.batch.newCall(ctx, b.sc.renew, b.opts.renewKeys(r.Key), b.stored(r.Token), ms(r.TTL)))
 		idx = append(idx, i)
 	}
 	for j, cmd := range b.batch.runAll(ctx, calls) {

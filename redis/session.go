@@ -1,0 +1,577 @@
+package redis
+
+import (
+	"context"
+	crand "crypto/rand"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/distlock/lock/backend"
+)
+
+// Sessions (WithSessions): one renewal for all the leases of a client.
+//
+// Without sessions every lease keeps its own lock key alive: a renewal
+// every third of its TTL is a GET and two PEXPIREs on the server (the lock
+// and its next key), about 9 commands per lease per TTL however the
+// renewals are batched. With sessions, the leases of one TTL that a
+// backend granted share a session, and renewing all of them is one
+// PEXPIRE of the session's key.
+//
+// # The keys
+//
+//   - The session key "PREFIX session:SID" (value "1") expires a TTL after
+//     the session's latest renewal. SID is 7 random characters, new for
+//     every session.
+//   - Its lock table, the hash "PREFIX session:SID:locks", maps each lock
+//     key the session holds to the holder's token. It is made with the
+//     session (with a field "" that is no lock), and it expires
+//     sessionSpan TTLs after the latest refresh pass (below) plus a TTL.
+//     While it exists, the SID is in use or was: a session is made only
+//     where its table does not exist, so a session whose key expired never
+//     lives again, whatever request arrives late.
+//   - A lock of the session has the value TOKEN "@" SESSIONKEY (and the
+//     waiters' mark "+"), where TOKEN starts with "S" and SID
+//     (backend.TokenPrefixer): the backend finds a lease's session from
+//     its token, with no state per lease, and a script finds a lock's
+//     session from the lock's value. The lock key expires sessionSpan
+//     TTLs after it was granted or last refreshed.
+//
+// # The rule: a lock whose session key is gone is free
+//
+// Every script that reads a lock reads it through live (sessionLua): a
+// lock that names a session whose key does not exist is deleted, with its
+// next key, before the script goes on, exactly as if it had expired at
+// that moment. Expiry is the only way a lock ends without a request of
+// its holder, and every script of this package already copes with a lock
+// that expired at any moment before it ran: so the rules of the queue,
+// the handover and the fences hold unchanged. A waiter learns a held
+// lock's remaining time as the smaller of the lock key's and its session
+// key's (pttl).
+//
+// # The lease's deadline
+//
+// A lease's lock lives while its session key and its lock key both do.
+// The session key lives a TTL after each renewal's send (the caller counts
+// its deadline from its own send, earlier). The lock keys of a session are
+// refreshed by passes: every sessionPass TTLs, the backend walks the
+// session's lock table with HSCAN, refreshScript-by-batches, extending
+// each lock the session still holds to sessionSpan TTLs and dropping the
+// others. HSCAN returns every field that was in the table for the whole
+// walk, so once a walk that began at time s completes, every lock of the
+// session expires no earlier than s + sessionSpan TTLs: a lock in the
+// table all along was extended after s, and a lock added during the walk
+// was granted with that span after s. This bound is the session's
+// horizon, and a renewal grants the TTL only when the horizon lies a TTL
+// or more after its send; otherwise it fails with an error of unknown
+// outcome (the lease is lost at its deadline if the passes do not catch
+// up), never with a deadline the lock key may not reach. Before its first
+// walk completes, the horizon is the session's creation plus the span.
+//
+// A lock that the walk finds held by another token, or gone, was deleted
+// from outside (lockctl break) or expired: its token is lost, and the
+// next renewal of its lease answers ErrNotHeld. That is noticed at the
+// next pass, not the next renewal: sessionPass TTLs at most, plus a walk.
+//
+// # Faults
+//
+//   - A session's renewal whose reply is lost is an unknown outcome for
+//     each of its leases; the next one, or the session's expiry, decides.
+//   - A process stopped for longer than a TTL (SIGSTOP, a long GC pause)
+//     loses its session: every other client treats its locks as free from
+//     then on, and its renewals answer ErrNotHeld for every lease of the
+//     session. New leases join a new session.
+//   - A request sent again after a lost reply (go-redis's retry) or
+//     delayed on the wire: a grant checks its session key in the same
+//     script, so a late grant for a session that has ended takes nothing;
+//     a late grant for a session that has not yet begun, arriving after
+//     its table expired, can begin it and take a free lock, which expires
+//     a TTL later with nobody renewing it (as a late acquire does without
+//     sessions once its token's tombstone is gone).
+//   - A server restarted empty forgets the session keys with the locks.
+//
+// # The cost
+//
+// Per lease and TTL: the walks, 3 commands a lock every sessionPass TTLs
+// (GET, PEXPIRE of the lock and of its next key; 1.2 per TTL), and the
+// session's renewals, shared by the leases of a batch. The price: a lock
+// deleted from outside is noticed later (above), and a lock's key lives up
+// to sessionSpan TTLs after its session ended (it is free at once, and
+// the next request that looks at it deletes it).
+//
+// Sessions need every script's keys on one server: New over a
+// *goredis.Client (standalone or Sentinel) only. Every client of a prefix
+// should use the same mode: a client without sessions sees a lock of a
+// dead session as held until its key expires.
+const (
+	// sessionSpan is how many TTLs a session's lock key lives after its
+	// grant or its last refresh.
+	sessionSpan = 8
+	// sessionPass is how many TTLs lie between the starts of two walks of
+	// a session's lock table.
+	sessionPass = 2.5
+	// sessionWalkStep is how many fields one step of a walk asks HSCAN
+	// for: the work of one script on the server stays well under a
+	// millisecond.
+	sessionWalkStep = 256
+)
+
+// WithSessions makes the leases of one TTL share a session, renewed with
+// one request however many leases it holds (see Sessions in session.go).
+// For a process holding many leases: it costs the server about a fifth of
+// the commands of a renewal per lease. New over a *goredis.Client only;
+// the URL parameter sessions=true sets it.
+func WithSessions(on bool) Option { return func(o *options) { o.sessions = on } }
+
+// sessionPrefix is the first byte of every session token; a token without
+// a session is hexadecimal.
+const sessionPrefix = 'S'
+
+// sidLen is the length of a session's id.
+const sidLen = 7
+
+// sessions are a backend's sessions: the one that new leases of each TTL
+// join, and every session whose leases may still renew.
+type sessions struct {
+	b *Backend
+
+	mu    sync.Mutex
+	byTTL map[time.Duration]*session
+	bySID map[string]*session
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// session is one session (see Sessions).
+type session struct {
+	sid, key, table string
+	ttl             time.Duration
+
+	mu      sync.Mutex
+	horizon time.Time       // every lock of the session expires no earlier
+	ended   bool            // its key expired: every lease of it is lost
+	lost    map[string]bool // tokens a walk found no longer holding their lock
+	renewed time.Time       // send of the latest renewal the store confirmed
+}
+
+func newSessions(b *Backend) *sessions {
+	return &sessions{b: b, byTTL: map[time.Duration]*session{}, bySID: map[string]*session{}, stop: make(chan struct{})}
+}
+
+// sidAlphabet are the characters of a session id; with 'S' first, a
+// session token is never hexadecimal alone.
+const sidAlphabet = "abcdefghijklmnopqrstuvwxyz234567"
+
+func newSID() string {
+	var r [sidLen]byte
+	crand.Read(r[:])
+	for i := range r {
+		r[i] = sidAlphabet[r[i]%32]
+	}
+	return string(r[:])
+}
+
+// current returns the session that a new lease of ttl joins: the latest
+// one of ttl, unless it ended or may end before a request sent now
+// arrives (its key's expiry is not known to lie a TTL ahead: then a new
+// one, so that no grant waits on a session about to end).
+func (ss *sessions) current(ttl time.Duration) (*session, error) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.b.closed.Load() {
+		return nil, backend.ErrClosed
+	}
+	s := ss.byTTL[ttl]
+	if s != nil {
+		s.mu.Lock()
+		usable := !s.ended && (s.renewed.IsZero() || time.Since(s.renewed) < ttl/2)
+		s.mu.Unlock()
+		if usable {
+			return s, nil
+		}
+	}
+	sid := newSID()
+	key := ss.b.opts.prefix + "session:" + sid
+	s = &session{sid: sid, key: key, table: key + ":locks", ttl: ttl, horizon: time.Now().Add(sessionSpan * ttl), lost: map[string]bool{}}
+	ss.byTTL[ttl] = s
+	ss.bySID[sid] = s
+	ss.wg.Add(1)
+	go ss.walks(s)
+	return s, nil
+}
+
+// TokenPrefix implements backend.TokenPrefixer: with sessions, "S" and the
+// id of the session a lease of ttl joins.
+func (b *Backend) TokenPrefix(ttl time.Duration) (string, error) {
+	if b.refused != nil {
+		return "", b.refused
+	}
+	if b.sessions == nil {
+		return "", nil
+	}
+	if err := b.checkTTL(ttl); err != nil {
+		return "", err
+	}
+	s, err := b.sessions.current(ttl)
+	if err != nil {
+		return "", err
+	}
+	return string(sessionPrefix) + s.sid, nil
+}
+
+// sidOf returns the session id a token names, or "".
+func sidOf(token string) string {
+	if len(token) < 1+sidLen || token[0] != sessionPrefix {
+		return ""
+	}
+	return token[1 : 1+sidLen]
+}
+
+// stored returns the value a lock held by token has on the store: the
+// token, followed for a session token by "@" and its session's key.
+func (b *Backend) stored(token string) string {
+	if b.sessions == nil {
+		return token
+	}
+	sid := sidOf(token)
+	if sid == "" {
+		return token
+	}
+	return token + "@" + b.opts.prefix + "session:" + sid
+}
+
+// unstored returns the token of a lock's value (see stored).
+func unstored(v string) string {
+	t, _, _ := strings.Cut(v, "@")
+	return t
+}
+
+// lookup returns the session a token names, or nil.
+func (ss *sessions) lookup(token string) *session {
+	sid := sidOf(token)
+	if sid == "" {
+		return nil
+	}
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.bySID[sid]
+}
+
+// ended marks the session of token as ended: no new lease joins it.
+func (ss *sessions) ended(token string) {
+	if s := ss.lookup(token); s != nil {
+		s.mu.Lock()
+		s.ended = true
+		s.mu.Unlock()
+	}
+}
+
+// errSessionEnded: a grant for a session whose key had expired.
+var errSessionEnded = errors.New("redis: the lease's session ended (its key expired): a new attempt joins a new session")
+
+// sessionRenewScript: KEYS = session key; ARGV = ttl ms. Returns 1, or 0
+// when the session's key is gone: the session ended.
+var sessionRenewScript = goredis.NewScript(`return redis.call('PEXPIRE', KEYS[1], ARGV[1])`)
+
+// renewSessions answers the renewals of rs whose tokens name a session of
+// this backend (ok[i] true), one request per session, and leaves the
+// others to the caller.
+func (ss *sessions) renew(ctx context.Context, rs []backend.Renewal, out []backend.RenewResult) (ok []bool) {
+	ok = make([]bool, len(rs))
+	groups := map[*session][]int{}
+	for i, r := range rs {
+		if s := ss.lookup(r.Token); s != nil {
+			groups[s] = append(groups[s], i)
+			ok[i] = true
+		}
+	}
+	if len(groups) == 0 {
+		return ok
+	}
+	type sent struct {
+		s    *session
+		at   time.Time
+		call *call
+	}
+	var calls []*call
+	var sends []sent
+	for s := range groups {
+		c := ss.b.batch.newCall(ctx, sessionRenewScript, []string{s.key}, ms(s.ttl))
+		calls = append(calls, c)
+		sends = append(sends, sent{s: s, at: time.Now(), call: c})
+	}
+	cmds := ss.b.batch.runAll(ctx, calls)
+	for j, x := range sends {
+		s := x.s
+		n, err := cmds[j].Int64()
+		s.mu.Lock()
+		if err == nil && n == 0 {
+			s.ended = true
+		}
+		if err == nil && n == 1 && x.at.After(s.renewed) {
+			s.renewed = x.at
+		}
+		ended, horizon := s.ended, s.horizon
+		for _, i := range groups[s] {
+			r := rs[i]
+			switch {
+			case r.TTL != s.ttl:
+				out[i].Err = fmt.Errorf("%w: redis: a renewal for %v of a lease whose session is for %v; a lease keeps its TTL", backend.ErrInvalid, r.TTL, s.ttl)
+			case ended || s.lost[r.Token]:
+				delete(s.lost, r.Token)
+				out[i].Err = backend.ErrNotHeld
+			case err != nil:
+				out[i].Err = storeErr("renew", err)
+			case horizon.Sub(x.at) < r.TTL:
+				out[i].Err = storeErr("renew", fmt.Errorf("the session's lock keys are known to live only until %v from now, less than the TTL: its refresh passes are late", horizon.Sub(x.at).Round(time.Millisecond)))
+			default:
+				out[i].Grant = backend.Grant{TTL: granted(r.TTL)}
+			}
+		}
+		s.mu.Unlock()
+	}
+	return ok
+}
+
+// sessionWalkScript: KEYS = the session's lock table, the session key;
+// ARGV = HSCAN cursor, span ms, table ms. One step of a walk: every lock
+// of the step's fields still held by its token of this session lives span
+// from now (its next key too); the others leave the table. Returns {the
+// next cursor, the tokens that left}. It also extends the table, and
+// answers {"ended"} when the session key is gone.
+var sessionWalkScript = goredis.NewScript(`
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  return {'ended'}
+end
+local r = redis.call('HSCAN', KEYS[1], ARGV[1], 'COUNT', ` + fmt.Sprint(sessionWalkStep) + `)
+local f = r[2]
+local lost = {}
+local mine = '@' .. KEYS[2]
+for i = 1, #f, 2 do
+  local k, t = f[i], f[i + 1]
+  if k ~= '' then
+    local v = redis.call('GET', k)
+    if v == t .. mine or v == t .. mine .. '+' then
+      redis.call('PEXPIRE', k, ARGV[2])
+      redis.call('PEXPIRE', k .. ':next', ARGV[2])
+    else
+      redis.call('HDEL', KEYS[1], k)
+      lost[#lost + 1] = t
+    end
+  end
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return {r[1], lost}`)
+
+// walks runs the walks of s's lock table, one every sessionPass TTLs,
+// until s ended or the backend closes.
+func (ss *sessions) walks(s *session) {
+	defer ss.wg.Done()
+	period := time.Duration(sessionPass * float64(s.ttl))
+	t := time.NewTimer(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ss.stop:
+			return
+		case <-t.C:
+		}
+		start := time.Now()
+		ended, err := ss.walk(s)
+		if ended {
+			ss.forget(s)
+			return
+		}
+		if err == nil {
+			s.mu.Lock()
+			s.horizon = start.Add(sessionSpan * s.ttl)
+			s.mu.Unlock()
+		}
+		t.Reset(max(0, period-time.Since(start)))
+	}
+}
+
+// walk walks s's lock table once; ended reports that the session ended.
+func (ss *sessions) walk(s *session) (ended bool, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.ttl)
+	defer cancel()
+	cursor := "0"
+	for {
+		res, err := ss.b.batch.run(ctx, sessionWalkScript, []string{s.table, s.key}, cursor, ms(sessionSpan*s.ttl), ms((sessionSpan+1)*s.ttl)).Slice()
+		if err != nil {
+			return false, err
+		}
+		if len(res) == 1 {
+			s.mu.Lock()
+			s.ended = true
+			s.mu.Unlock()
+			return true, nil
+		}
+		if len(res) != 2 {
+			return false, fmt.Errorf("redis: session walk: unexpected reply %v", res)
+		}
+		cursor, _ = res[0].(string)
+		lost, _ := res[1].([]any)
+		if len(lost) > 0 {
+			s.mu.Lock()
+			for _, t := range lost {
+				if t, ok := t.(string); ok {
+					s.lost[t] = true
+				}
+			}
+			s.mu.Unlock()
+		}
+		if cursor == "0" {
+			return false, nil
+		}
+	}
+}
+
+// forget drops an ended session: its leases' renewals answer as for any
+// token of no session of this backend, by their lock (which a script
+// finds free: its session key is gone).
+func (ss *sessions) forget(s *session) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.byTTL[s.ttl] == s {
+		delete(ss.byTTL, s.ttl)
+	}
+	delete(ss.bySID, s.sid)
+}
+
+// close stops the walks. The sessions' keys expire by themselves.
+func (ss *sessions) close() {
+	close(ss.stop)
+	ss.wg.Wait()
+}
+
+// The helpers that every script of the single deployment defines first, in
+// the backend's mode (plainLua without sessions, sessionLua with), so that
+// each rule exists once and the scripts read the same in both modes:
+//
+//   - live(k): the value of lock k, or false when it is free; with
+//     sessions, a lock of an ended session is deleted first (see the rule
+//     above).
+//   - pttl(k, v): the remaining time of lock k, held with value v: the
+//     lock key's, or its session key's when that is shorter.
+//   - join(v, ttl): before a grant to v: false when v's session ended;
+//     otherwise its session lives ttl from now (it begins, when its table
+//     does not exist).
+//   - span(v, ttl): the expiry of a lock granted to v for ttl.
+//   - enter(k, v), leave(k, v): lock k was granted to v, or v let it go:
+//     the session's lock table says so.
+//   - alive(v): v's session has not ended.
+//
+// v may carry the waiters' mark.
+const plainLua = `
+local function live(k) return redis.call('GET', k) end
+local function pttl(k, v) return redis.call('PTTL', k) end
+local function join(v, ttl) return true end
+local function span(v, ttl) return ttl end
+local function enter(k, v) end
+local function leave(k, v) end
+local function alive(v) return true end
+`
+
+var sessionLua = `
+local function sessionOf(v)
+  if not v then return nil end
+  local at = string.find(v, '@', 1, true)
+  if not at then return nil end
+  local s = string.sub(v, at + 1)
+  if string.byte(s, -1) == 43 then s = string.sub(s, 1, -2) end
+  return s, string.sub(v, 1, at - 1)
+end
+local function live(k)
+  local v = redis.call('GET', k)
+  if v then
+    local s = sessionOf(v)
+    if s and redis.call('EXISTS', s) == 0 then
+      redis.call('DEL', k, k .. ':next')
+      return false
+    end
+  end
+  return v
+end
+local function pttl(k, v)
+  local p = redis.call('PTTL', k)
+  local s = v and sessionOf(v)
+  if s then
+    local q = redis.call('PTTL', s)
+    if q < p then p = q end
+  end
+  return p
+end
+local function join(v, ttl)
+  local s = sessionOf(v)
+  if not s then return true end
+  if redis.call('PEXPIRE', s, ttl) == 1 then return true end
+  if redis.call('EXISTS', s .. ':locks') == 1 then return false end
+  redis.call('SET', s, '1', 'PX', ttl)
+  redis.call('HSET', s .. ':locks', '', '')
+  redis.call('PEXPIRE', s .. ':locks', ` + fmt.Sprint(sessionSpan+1) + ` * ttl)
+  return true
+end
+local function span(v, ttl)
+  if sessionOf(v) then return ` + fmt.Sprint(sessionSpan) + ` * ttl end
+  return ttl
+end
+local function enter(k, v)
+  local s, t = sessionOf(v)
+  if s then redis.call('HSET', s .. ':locks', k, t) end
+end
+local function leave(k, v)
+  local s = sessionOf(v)
+  if s then redis.call('HDEL', s .. ':locks', k) end
+end
+local function alive(v)
+  local s = sessionOf(v)
+  return not s or redis.call('EXISTS', s) == 1
+end
+`
+
+// scriptSet is the single deployment's scripts in one mode.
+type scriptSet struct {
+	acquire, renew, transfer, inspect, placeAcquire, queueRelease, refresh, setIfHeld *goredis.Script
+}
+
+var (
+	plainScripts   = &scriptSet{acquireScript, renewScript, transferScript, inspectScript, placeAcquireScript, queueReleaseScript, refreshScript, setIfHeldScript}
+	sessionScripts = newScriptSet(sessionLua)
+)
+
+func newScriptSet(helpers string) *scriptSet {
+	return &scriptSet{
+		acquire:      goredis.NewScript(helpers + acquireLua),
+		renew:        goredis.NewScript(helpers + renewLua),
+		transfer:     goredis.NewScript(helpers + transferLua),
+		inspect:      goredis.NewScript(helpers + inspectLua),
+		placeAcquire: goredis.NewScript(helpers + placeAcquireLua),
+		queueRelease: goredis.NewScript(helpers + queueReleaseLua),
+		refresh:      goredis.NewScript(helpers + refreshLua),
+		setIfHeld:    goredis.NewScript(helpers + setIfHeldLua),
+	}
+}
+
+// sessionsRefused says why the backend's options and client allow no
+// sessions, or returns nil.
+func sessionsRefused(rdb Client, o options) error {
+	switch {
+	case !o.sessions:
+		return nil
+	case o.slotFences:
+		return fmt.Errorf("%w: redis: sessions (WithSessions) and slot fence counters (WithSlotFenceCounters) do not go together; choose one", backend.ErrInvalid)
+	case strings.ContainsAny(o.prefix, " @"):
+		return fmt.Errorf("%w: redis: with sessions (WithSessions), the key prefix %q may hold neither a space nor '@'", backend.ErrInvalid, o.prefix)
+	}
+	if _, ok := rdb.(*goredis.Client); !ok {
+		return fmt.Errorf("%w: redis: sessions (WithSessions) need a *goredis.Client (one server, or Sentinel), not a %T: a session's scripts reach keys of many hash slots", backend.ErrInvalid, rdb)
+	}
+	return nil
+}

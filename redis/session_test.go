@@ -1,0 +1,193 @@
+package redis_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/distlock/lock"
+	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/internal/redistest"
+	"github.com/distlock/lock/redis"
+)
+
+// sessionClient is a lock.Client over a backend with sessions on srv.
+func sessionClient(t *testing.T, srv *redistest.Server, opts ...lock.Option) *lock.Client {
+	t.Helper()
+	c, err := lock.New(redis.New(newGoRedis(t, srv.Addr), redis.WithSessions(true)), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// commandCalls returns how many times the server ran each command.
+func commandCalls(t *testing.T, srv *redistest.Server) map[string]int64 {
+	t.Helper()
+	info, err := newGoRedis(t, srv.Addr).Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int64{}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+		if !ok {
+			continue
+		}
+		var n int64
+		fmt.Sscan(strings.SplitN(rest, ",", 2)[0], &n)
+		out[strings.TrimPrefix(name, "cmdstat_")] = n
+	}
+	return out
+}
+
+// A session's leases renew with one PEXPIRE of the session key per batch,
+// not a GET and a PEXPIRE per lease: 200 leases renewed together cost the
+// server a handful of commands.
+func TestSessionRenewsManyLeasesAtOnce(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	b := redis.New(newGoRedis(t, srv.Addr), redis.WithSessions(true))
+	defer b.Close()
+	ctx := context.Background()
+	const n = 200
+	ttl := 10 * time.Second
+	prefix, err := b.TokenPrefix(ttl)
+	if err != nil || !strings.HasPrefix(prefix, "S") || len(prefix) > backend.MaxTokenPrefix {
+		t.Fatalf("TokenPrefix: %q, %v; want a session's prefix", prefix, err)
+	}
+	var rs []backend.Renewal
+	for i := range n {
+		token := prefix + fmt.Sprintf("%024x", i)
+		key := fmt.Sprint("k", i)
+		if _, err := b.Acquire(ctx, key, token, ttl); err != nil {
+			t.Fatal(err)
+		}
+		rs = append(rs, backend.Renewal{Key: key, Token: token, TTL: ttl})
+	}
+	before := commandCalls(t, srv)
+	for _, r := range b.RenewBatch(ctx, rs) {
+		if r.Err != nil || r.Grant.TTL < ttl {
+			t.Fatalf("renewal: %+v; want a grant of %v", r, ttl)
+		}
+	}
+	after := commandCalls(t, srv)
+	var ran int64
+	for name, calls := range after {
+		if name != "info" && name != "hello" && name != "ping" && !strings.HasPrefix(name, "client") {
+			ran += calls - before[name]
+		}
+	}
+	if ran > 4 {
+		t.Errorf("renewing %d leases of one session ran %d commands on the server (%v before, %v after); want one script and its PEXPIRE", n, ran, before, after)
+	}
+}
+
+// A lock whose session key is gone is free: another client takes it at
+// once, and the holder's next renewal finds its lease lost.
+func TestSessionEndedFreesItsLocks(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	ctx := context.Background()
+	a := sessionClient(t, srv, lock.WithTTL(5*time.Second))
+	other := sessionClient(t, srv, lock.WithTTL(5*time.Second))
+	l, err := a.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.TryAcquire(ctx, "k"); !errors.Is(err, lock.ErrLocked) {
+		t.Fatalf("TryAcquire of a held key: %v; want ErrLocked", err)
+	}
+	rdb := newGoRedis(t, srv.Addr)
+	sessions, err := rdb.Keys(ctx, "lock:session:*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ended int
+	for _, k := range sessions {
+		if !strings.HasSuffix(k, ":locks") {
+			rdb.Del(ctx, k) // as if it had expired: the holder's process stopped
+			ended++
+		}
+	}
+	if ended != 2 {
+		t.Fatalf("session keys %q; want one per client", sessions)
+	}
+	l2, err := other.TryAcquire(ctx, "k")
+	if err != nil {
+		t.Fatalf("TryAcquire of a key whose holder's session ended: %v; want the lock", err)
+	}
+	defer l2.Release(ctx)
+	if err := l.Renew(ctx); !errors.Is(err, lock.ErrLost) {
+		t.Errorf("Renew of a lease whose session ended: %v; want ErrLost", err)
+	}
+}
+
+// A lock deleted from outside (lockctl break) while its session lives is
+// found by the session's next walk of its lock table: the lease is lost
+// within the walk's period (2.5 TTLs) and a renewal.
+func TestSessionWalkFindsALockDeletedFromOutside(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	ctx := context.Background()
+	ttl := 200 * time.Millisecond
+	a := sessionClient(t, srv, lock.WithTTL(ttl))
+	l, err := a.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept, err := a.Acquire(ctx, "kept")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kept.Release(ctx)
+	if err := newGoRedis(t, srv.Addr).Del(ctx, "lock:{k}").Err(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-l.Done():
+		if err := l.Err(); !errors.Is(err, lock.ErrLost) {
+			t.Errorf("lease whose lock was deleted from outside ended with %v; want ErrLost", err)
+		}
+	case <-time.After(10 * ttl):
+		t.Fatal("lease whose lock was deleted from outside still held after 10 TTLs")
+	}
+	if err := kept.Err(); err != nil {
+		t.Errorf("the session's other lease: %v; want it held", err)
+	}
+}
+
+// A session whose key expired never lives again: a grant with one of its
+// tokens is refused, whatever arrives late, and takes nothing.
+func TestSessionNeverLivesAgain(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	b := redis.New(newGoRedis(t, srv.Addr), redis.WithSessions(true))
+	defer b.Close()
+	ctx := context.Background()
+	ttl := 5 * time.Second
+	prefix, err := b.TokenPrefix(ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := prefix + strings.Repeat("a", 32-len(prefix))
+	if _, err := b.Acquire(ctx, "k", token, ttl); err != nil {
+		t.Fatal(err)
+	}
+	rdb := newGoRedis(t, srv.Addr)
+	sk := "lock:session:" + prefix[1:]
+	if err := rdb.Del(ctx, sk).Err(); err != nil {
+		t.Fatal(err)
+	}
+	late := prefix + strings.Repeat("b", 32-len(prefix))
+	if _, err := b.Acquire(ctx, "other", late, ttl); !errors.Is(err, backend.ErrContended) {
+		t.Errorf("Acquire with a token of an ended session: %v; want a refusal that asks for a new attempt (ErrContended)", err)
+	}
+	if n := rdb.Exists(ctx, sk, "lock:{other}").Val(); n != 0 {
+		t.Errorf("after a grant for an ended session, %d of its session key and the lock exist; want none", n)
+	}
+	next, err := b.TokenPrefix(ttl)
+	if err != nil || next == prefix {
+		t.Errorf("TokenPrefix after the session ended: %q, %v; want a new session", next, err)
+	}
+}
