@@ -150,6 +150,12 @@ func (r guardBatch) RenewBatch(ctx context.Context, rs []backend.Renewal) []back
 	return r.g.b.(backend.BatchRenewer).RenewBatch(ctx, rs)
 }
 
+type guardPrefix struct{ g *guard }
+
+func (p guardPrefix) TokenPrefix(ttl time.Duration) (string, error) {
+	return p.g.b.(backend.TokenPrefixer).TokenPrefix(ttl)
+}
+
 // guarded wraps b in a guard that keeps b's optional interfaces visible.
 // Every suite run checks that it did, on the real backend.
 func guarded(b backend.Backend, kase string, grace time.Duration) backend.Backend {

@@ -6,12 +6,12 @@ import "github.com/distlock/lock/backend"
 
 // optionalInterfaces names the optional interfaces of package backend that
 // the guard keeps visible.
-var optionalInterfaces = []string{"Notifier", "Queuer", "Inspector", "Transferer", "LossNotifier", "BatchRenewer"}
+var optionalInterfaces = []string{"Notifier", "Queuer", "Inspector", "Transferer", "LossNotifier", "BatchRenewer", "TokenPrefixer"}
 
 // interfacesOf says which optional interfaces x has: for each list of
 // alternatives, 0 for none, or 1 + the index of the most specific one.
-func interfacesOf(x any) [5]int {
-	var d [5]int
+func interfacesOf(x any) [6]int {
+	var d [6]int
 	if _, ok := x.(backend.Queuer); ok {
 		d[0] = 2
 	}
@@ -32,6 +32,9 @@ func interfacesOf(x any) [5]int {
 	if _, ok := x.(backend.BatchRenewer); ok {
 		d[4] = 1
 	}
+	if _, ok := x.(backend.TokenPrefixer); ok {
+		d[5] = 1
+	}
 	return d
 }
 
@@ -39,93 +42,196 @@ func interfacesOf(x any) [5]int {
 // optional interfaces of g.b.
 func withInterfaces(g *guard) backend.Backend {
 	switch interfacesOf(g.b) {
-	case [5]int{0, 0, 0, 0, 0}:
+	case [6]int{0, 0, 0, 0, 0, 0}:
 		return g
-	case [5]int{0, 0, 0, 0, 1}:
+	case [6]int{0, 0, 0, 0, 0, 1}:
+		return struct {
+			*guard
+			guardPrefix
+		}{g, guardPrefix{g}}
+	case [6]int{0, 0, 0, 0, 1, 0}:
 		return struct {
 			*guard
 			guardBatch
 		}{g, guardBatch{g}}
-	case [5]int{0, 0, 0, 1, 0}:
+	case [6]int{0, 0, 0, 0, 1, 1}:
+		return struct {
+			*guard
+			guardBatch
+			guardPrefix
+		}{g, guardBatch{g}, guardPrefix{g}}
+	case [6]int{0, 0, 0, 1, 0, 0}:
 		return struct {
 			*guard
 			guardLoss
 		}{g, guardLoss{g}}
-	case [5]int{0, 0, 0, 1, 1}:
+	case [6]int{0, 0, 0, 1, 0, 1}:
+		return struct {
+			*guard
+			guardLoss
+			guardPrefix
+		}{g, guardLoss{g}, guardPrefix{g}}
+	case [6]int{0, 0, 0, 1, 1, 0}:
 		return struct {
 			*guard
 			guardLoss
 			guardBatch
 		}{g, guardLoss{g}, guardBatch{g}}
-	case [5]int{0, 0, 1, 0, 0}:
+	case [6]int{0, 0, 0, 1, 1, 1}:
+		return struct {
+			*guard
+			guardLoss
+			guardBatch
+			guardPrefix
+		}{g, guardLoss{g}, guardBatch{g}, guardPrefix{g}}
+	case [6]int{0, 0, 1, 0, 0, 0}:
 		return struct {
 			*guard
 			guardTransfer
 		}{g, guardTransfer{g}}
-	case [5]int{0, 0, 1, 0, 1}:
+	case [6]int{0, 0, 1, 0, 0, 1}:
+		return struct {
+			*guard
+			guardTransfer
+			guardPrefix
+		}{g, guardTransfer{g}, guardPrefix{g}}
+	case [6]int{0, 0, 1, 0, 1, 0}:
 		return struct {
 			*guard
 			guardTransfer
 			guardBatch
 		}{g, guardTransfer{g}, guardBatch{g}}
-	case [5]int{0, 0, 1, 1, 0}:
+	case [6]int{0, 0, 1, 0, 1, 1}:
+		return struct {
+			*guard
+			guardTransfer
+			guardBatch
+			guardPrefix
+		}{g, guardTransfer{g}, guardBatch{g}, guardPrefix{g}}
+	case [6]int{0, 0, 1, 1, 0, 0}:
 		return struct {
 			*guard
 			guardTransfer
 			guardLoss
 		}{g, guardTransfer{g}, guardLoss{g}}
-	case [5]int{0, 0, 1, 1, 1}:
+	case [6]int{0, 0, 1, 1, 0, 1}:
+		return struct {
+			*guard
+			guardTransfer
+			guardLoss
+			guardPrefix
+		}{g, guardTransfer{g}, guardLoss{g}, guardPrefix{g}}
+	case [6]int{0, 0, 1, 1, 1, 0}:
 		return struct {
 			*guard
 			guardTransfer
 			guardLoss
 			guardBatch
 		}{g, guardTransfer{g}, guardLoss{g}, guardBatch{g}}
-	case [5]int{0, 1, 0, 0, 0}:
+	case [6]int{0, 0, 1, 1, 1, 1}:
+		return struct {
+			*guard
+			guardTransfer
+			guardLoss
+			guardBatch
+			guardPrefix
+		}{g, guardTransfer{g}, guardLoss{g}, guardBatch{g}, guardPrefix{g}}
+	case [6]int{0, 1, 0, 0, 0, 0}:
 		return struct {
 			*guard
 			guardInspect
 		}{g, guardInspect{g}}
-	case [5]int{0, 1, 0, 0, 1}:
+	case [6]int{0, 1, 0, 0, 0, 1}:
+		return struct {
+			*guard
+			guardInspect
+			guardPrefix
+		}{g, guardInspect{g}, guardPrefix{g}}
+	case [6]int{0, 1, 0, 0, 1, 0}:
 		return struct {
 			*guard
 			guardInspect
 			guardBatch
 		}{g, guardInspect{g}, guardBatch{g}}
-	case [5]int{0, 1, 0, 1, 0}:
+	case [6]int{0, 1, 0, 0, 1, 1}:
+		return struct {
+			*guard
+			guardInspect
+			guardBatch
+			guardPrefix
+		}{g, guardInspect{g}, guardBatch{g}, guardPrefix{g}}
+	case [6]int{0, 1, 0, 1, 0, 0}:
 		return struct {
 			*guard
 			guardInspect
 			guardLoss
 		}{g, guardInspect{g}, guardLoss{g}}
-	case [5]int{0, 1, 0, 1, 1}:
+	case [6]int{0, 1, 0, 1, 0, 1}:
+		return struct {
+			*guard
+			guardInspect
+			guardLoss
+			guardPrefix
+		}{g, guardInspect{g}, guardLoss{g}, guardPrefix{g}}
+	case [6]int{0, 1, 0, 1, 1, 0}:
 		return struct {
 			*guard
 			guardInspect
 			guardLoss
 			guardBatch
 		}{g, guardInspect{g}, guardLoss{g}, guardBatch{g}}
-	case [5]int{0, 1, 1, 0, 0}:
+	case [6]int{0, 1, 0, 1, 1, 1}:
+		return struct {
+			*guard
+			guardInspect
+			guardLoss
+			guardBatch
+			guardPrefix
+		}{g, guardInspect{g}, guardLoss{g}, guardBatch{g}, guardPrefix{g}}
+	case [6]int{0, 1, 1, 0, 0, 0}:
 		return struct {
 			*guard
 			guardInspect
 			guardTransfer
 		}{g, guardInspect{g}, guardTransfer{g}}
-	case [5]int{0, 1, 1, 0, 1}:
+	case [6]int{0, 1, 1, 0, 0, 1}:
+		return struct {
+			*guard
+			guardInspect
+			guardTransfer
+			guardPrefix
+		}{g, guardInspect{g}, guardTransfer{g}, guardPrefix{g}}
+	case [6]int{0, 1, 1, 0, 1, 0}:
 		return struct {
 			*guard
 			guardInspect
 			guardTransfer
 			guardBatch
 		}{g, guardInspect{g}, guardTransfer{g}, guardBatch{g}}
-	case [5]int{0, 1, 1, 1, 0}:
+	case [6]int{0, 1, 1, 0, 1, 1}:
+		return struct {
+			*guard
+			guardInspect
+			guardTransfer
+			guardBatch
+			guardPrefix
+		}{g, guardInspect{g}, guardTransfer{g}, guardBatch{g}, guardPrefix{g}}
+	case [6]int{0, 1, 1, 1, 0, 0}:
 		return struct {
 			*guard
 			guardInspect
 			guardTransfer
 			guardLoss
 		}{g, guardInspect{g}, guardTransfer{g}, guardLoss{g}}
-	case [5]int{0, 1, 1, 1, 1}:
+	case [6]int{0, 1, 1, 1, 0, 1}:
+		return struct {
+			*guard
+			guardInspect
+			guardTransfer
+			guardLoss
+			guardPrefix
+		}{g, guardInspect{g}, guardTransfer{g}, guardLoss{g}, guardPrefix{g}}
+	case [6]int{0, 1, 1, 1, 1, 0}:
 		return struct {
 			*guard
 			guardInspect
@@ -133,51 +239,111 @@ func withInterfaces(g *guard) backend.Backend {
 			guardLoss
 			guardBatch
 		}{g, guardInspect{g}, guardTransfer{g}, guardLoss{g}, guardBatch{g}}
-	case [5]int{1, 0, 0, 0, 0}:
+	case [6]int{0, 1, 1, 1, 1, 1}:
+		return struct {
+			*guard
+			guardInspect
+			guardTransfer
+			guardLoss
+			guardBatch
+			guardPrefix
+		}{g, guardInspect{g}, guardTransfer{g}, guardLoss{g}, guardBatch{g}, guardPrefix{g}}
+	case [6]int{1, 0, 0, 0, 0, 0}:
 		return struct {
 			*guard
 			guardWatch
 		}{g, guardWatch{g}}
-	case [5]int{1, 0, 0, 0, 1}:
+	case [6]int{1, 0, 0, 0, 0, 1}:
+		return struct {
+			*guard
+			guardWatch
+			guardPrefix
+		}{g, guardWatch{g}, guardPrefix{g}}
+	case [6]int{1, 0, 0, 0, 1, 0}:
 		return struct {
 			*guard
 			guardWatch
 			guardBatch
 		}{g, guardWatch{g}, guardBatch{g}}
-	case [5]int{1, 0, 0, 1, 0}:
+	case [6]int{1, 0, 0, 0, 1, 1}:
+		return struct {
+			*guard
+			guardWatch
+			guardBatch
+			guardPrefix
+		}{g, guardWatch{g}, guardBatch{g}, guardPrefix{g}}
+	case [6]int{1, 0, 0, 1, 0, 0}:
 		return struct {
 			*guard
 			guardWatch
 			guardLoss
 		}{g, guardWatch{g}, guardLoss{g}}
-	case [5]int{1, 0, 0, 1, 1}:
+	case [6]int{1, 0, 0, 1, 0, 1}:
+		return struct {
+			*guard
+			guardWatch
+			guardLoss
+			guardPrefix
+		}{g, guardWatch{g}, guardLoss{g}, guardPrefix{g}}
+	case [6]int{1, 0, 0, 1, 1, 0}:
 		return struct {
 			*guard
 			guardWatch
 			guardLoss
 			guardBatch
 		}{g, guardWatch{g}, guardLoss{g}, guardBatch{g}}
-	case [5]int{1, 0, 1, 0, 0}:
+	case [6]int{1, 0, 0, 1, 1, 1}:
+		return struct {
+			*guard
+			guardWatch
+			guardLoss
+			guardBatch
+			guardPrefix
+		}{g, guardWatch{g}, guardLoss{g}, guardBatch{g}, guardPrefix{g}}
+	case [6]int{1, 0, 1, 0, 0, 0}:
 		return struct {
 			*guard
 			guardWatch
 			guardTransfer
 		}{g, guardWatch{g}, guardTransfer{g}}
-	case [5]int{1, 0, 1, 0, 1}:
+	case [6]int{1, 0, 1, 0, 0, 1}:
+		return struct {
+			*guard
+			guardWatch
+			guardTransfer
+			guardPrefix
+		}{g, guardWatch{g}, guardTransfer{g}, guardPrefix{g}}
+	case [6]int{1, 0, 1, 0, 1, 0}:
 		return struct {
 			*guard
 			guardWatch
 			guardTransfer
 			guardBatch
 		}{g, guardWatch{g}, guardTransfer{g}, guardBatch{g}}
-	case [5]int{1, 0, 1, 1, 0}:
+	case [6]int{1, 0, 1, 0, 1, 1}:
+		return struct {
+			*guard
+			guardWatch
+			guardTransfer
+			guardBatch
+			guardPrefix
+		}{g, guardWatch{g}, guardTransfer{g}, guardBatch{g}, guardPrefix{g}}
+	case [6]int{1, 0, 1, 1, 0, 0}:
 		return struct {
 			*guard
 			guardWatch
 			guardTransfer
 			guardLoss
 		}{g, guardWatch{g}, guardTransfer{g}, guardLoss{g}}
-	case [5]int{1, 0, 1, 1, 1}:
+	case [6]int{1, 0, 1, 1, 0, 1}:
+		return struct {
+			*guard
+			guardWatch
+			guardTransfer
+			guardLoss
+			guardPrefix
+		}{g, guardWatch{g}, guardTransfer{g}, guardLoss{g}, guardPrefix{g}}
+	case [6]int{1, 0, 1, 1, 1, 0}:
 		return struct {
 			*guard
 			guardWatch
@@ -185,27 +351,59 @@ func withInterfaces(g *guard) backend.Backend {
 			guardLoss
 			guardBatch
 		}{g, guardWatch{g}, guardTransfer{g}, guardLoss{g}, guardBatch{g}}
-	case [5]int{1, 1, 0, 0, 0}:
+	case [6]int{1, 0, 1, 1, 1, 1}:
+		return struct {
+			*guard
+			guardWatch
+			guardTransfer
+			guardLoss
+			guardBatch
+			guardPrefix
+		}{g, guardWatch{g}, guardTransfer{g}, guardLoss{g}, guardBatch{g}, guardPrefix{g}}
+	case [6]int{1, 1, 0, 0, 0, 0}:
 		return struct {
 			*guard
 			guardWatch
 			guardInspect
 		}{g, guardWatch{g}, guardInspect{g}}
-	case [5]int{1, 1, 0, 0, 1}:
+	case [6]int{1, 1, 0, 0, 0, 1}:
+		return struct {
+			*guard
+			guardWatch
+			guardInspect
+			guardPrefix
+		}{g, guardWatch{g}, guardInspect{g}, guardPrefix{g}}
+	case [6]int{1, 1, 0, 0, 1, 0}:
 		return struct {
 			*guard
 			guardWatch
 			guardInspect
 			guardBatch
 		}{g, guardWatch{g}, guardInspect{g}, guardBatch{g}}
-	case [5]int{1, 1, 0, 1, 0}:
+	case [6]int{1, 1, 0, 0, 1, 1}:
+		return struct {
+			*guard
+			guardWatch
+			guardInspect
+			guardBatch
+			guardPrefix
+		}{g, guardWatch{g}, guardInspect{g}, guardBatch{g}, guardPrefix{g}}
+	case [6]int{1, 1, 0, 1, 0, 0}:
 		return struct {
 			*guard
 			guardWatch
 			guardInspect
 			guardLoss
 		}{g, guardWatch{g}, guardInspect{g}, guardLoss{g}}
-	case [5]int{1, 1, 0, 1, 1}:
+	case [6]int{1, 1, 0, 1, 0, 1}:
+		return struct {
+			*guard
+			guardWatch
+			guardInspect
+			guardLoss
+			guardPrefix
+		}{g, guardWatch{g}, guardInspect{g}, guardLoss{g}, guardPrefix{g}}
+	case [6]int{1, 1, 0, 1, 1, 0}:
 		return struct {
 			*guard
 			guardWatch
@@ -213,14 +411,31 @@ func withInterfaces(g *guard) backend.Backend {
 			guardLoss
 			guardBatch
 		}{g, guardWatch{g}, guardInspect{g}, guardLoss{g}, guardBatch{g}}
-	case [5]int{1, 1, 1, 0, 0}:
+	case [6]int{1, 1, 0, 1, 1, 1}:
+		return struct {
+			*guard
+			guardWatch
+			guardInspect
+			guardLoss
+			guardBatch
+			guardPrefix
+		}{g, guardWatch{g}, guardInspect{g}, guardLoss{g}, guardBatch{g}, guardPrefix{g}}
+	case [6]int{1, 1, 1, 0, 0, 0}:
 		return struct {
 			*guard
 			guardWatch
 			guardInspect
 			guardTransfer
 		}{g, guardWatch{g}, guardInspect{g}, guardTransfer{g}}
-	case [5]int{1, 1, 1, 0, 1}:
+	case [6]int{1, 1, 1, 0, 0, 1}:
+		return struct {
+			*guard
+			guardWatch
+			guardInspect
+			guardTransfer
+			guardPrefix
+		}{g, guardWatch{g}, guardInspect{g}, guardTransfer{g}, guardPrefix{g}}
+	case [6]int{1, 1, 1, 0, 1, 0}:
 		return struct {
 			*guard
 			guardWatch
@@ -228,7 +443,16 @@ func withInterfaces(g *guard) backend.Backend {
 			guardTransfer
 			guardBatch
 		}{g, guardWatch{g}, guardInspect{g}, guardTransfer{g}, guardBatch{g}}
-	case [5]int{1, 1, 1, 1, 0}:
+	case [6]int{1, 1, 1, 0, 1, 1}:
+		return struct {
+			*guard
+			guardWatch
+			guardInspect
+			guardTransfer
+			guardBatch
+			guardPrefix
+		}{g, guardWatch{g}, guardInspect{g}, guardTransfer{g}, guardBatch{g}, guardPrefix{g}}
+	case [6]int{1, 1, 1, 1, 0, 0}:
 		return struct {
 			*guard
 			guardWatch
@@ -236,7 +460,16 @@ func withInterfaces(g *guard) backend.Backend {
 			guardTransfer
 			guardLoss
 		}{g, guardWatch{g}, guardInspect{g}, guardTransfer{g}, guardLoss{g}}
-	case [5]int{1, 1, 1, 1, 1}:
+	case [6]int{1, 1, 1, 1, 0, 1}:
+		return struct {
+			*guard
+			guardWatch
+			guardInspect
+			guardTransfer
+			guardLoss
+			guardPrefix
+		}{g, guardWatch{g}, guardInspect{g}, guardTransfer{g}, guardLoss{g}, guardPrefix{g}}
+	case [6]int{1, 1, 1, 1, 1, 0}:
 		return struct {
 			*guard
 			guardWatch
@@ -245,51 +478,112 @@ func withInterfaces(g *guard) backend.Backend {
 			guardLoss
 			guardBatch
 		}{g, guardWatch{g}, guardInspect{g}, guardTransfer{g}, guardLoss{g}, guardBatch{g}}
-	case [5]int{2, 0, 0, 0, 0}:
+	case [6]int{1, 1, 1, 1, 1, 1}:
+		return struct {
+			*guard
+			guardWatch
+			guardInspect
+			guardTransfer
+			guardLoss
+			guardBatch
+			guardPrefix
+		}{g, guardWatch{g}, guardInspect{g}, guardTransfer{g}, guardLoss{g}, guardBatch{g}, guardPrefix{g}}
+	case [6]int{2, 0, 0, 0, 0, 0}:
 		return struct {
 			*guard
 			guardQueue
 		}{g, guardQueue{g}}
-	case [5]int{2, 0, 0, 0, 1}:
+	case [6]int{2, 0, 0, 0, 0, 1}:
+		return struct {
+			*guard
+			guardQueue
+			guardPrefix
+		}{g, guardQueue{g}, guardPrefix{g}}
+	case [6]int{2, 0, 0, 0, 1, 0}:
 		return struct {
 			*guard
 			guardQueue
 			guardBatch
 		}{g, guardQueue{g}, guardBatch{g}}
-	case [5]int{2, 0, 0, 1, 0}:
+	case [6]int{2, 0, 0, 0, 1, 1}:
+		return struct {
+			*guard
+			guardQueue
+			guardBatch
+			guardPrefix
+		}{g, guardQueue{g}, guardBatch{g}, guardPrefix{g}}
+	case [6]int{2, 0, 0, 1, 0, 0}:
 		return struct {
 			*guard
 			guardQueue
 			guardLoss
 		}{g, guardQueue{g}, guardLoss{g}}
-	case [5]int{2, 0, 0, 1, 1}:
+	case [6]int{2, 0, 0, 1, 0, 1}:
+		return struct {
+			*guard
+			guardQueue
+			guardLoss
+			guardPrefix
+		}{g, guardQueue{g}, guardLoss{g}, guardPrefix{g}}
+	case [6]int{2, 0, 0, 1, 1, 0}:
 		return struct {
 			*guard
 			guardQueue
 			guardLoss
 			guardBatch
 		}{g, guardQueue{g}, guardLoss{g}, guardBatch{g}}
-	case [5]int{2, 0, 1, 0, 0}:
+	case [6]int{2, 0, 0, 1, 1, 1}:
+		return struct {
+			*guard
+			guardQueue
+			guardLoss
+			guardBatch
+			guardPrefix
+		}{g, guardQueue{g}, guardLoss{g}, guardBatch{g}, guardPrefix{g}}
+	case [6]int{2, 0, 1, 0, 0, 0}:
 		return struct {
 			*guard
 			guardQueue
 			guardTransfer
 		}{g, guardQueue{g}, guardTransfer{g}}
-	case [5]int{2, 0, 1, 0, 1}:
+	case [6]int{2, 0, 1, 0, 0, 1}:
+		return struct {
+			*guard
+			guardQueue
+			guardTransfer
+			guardPrefix
+		}{g, guardQueue{g}, guardTransfer{g}, guardPrefix{g}}
+	case [6]int{2, 0, 1, 0, 1, 0}:
 		return struct {
 			*guard
 			guardQueue
 			guardTransfer
 			guardBatch
 		}{g, guardQueue{g}, guardTransfer{g}, guardBatch{g}}
-	case [5]int{2, 0, 1, 1, 0}:
+	case [6]int{2, 0, 1, 0, 1, 1}:
+		return struct {
+			*guard
+			guardQueue
+			guardTransfer
+			guardBatch
+			guardPrefix
+		}{g, guardQueue{g}, guardTransfer{g}, guardBatch{g}, guardPrefix{g}}
+	case [6]int{2, 0, 1, 1, 0, 0}:
 		return struct {
 			*guard
 			guardQueue
 			guardTransfer
 			guardLoss
 		}{g, guardQueue{g}, guardTransfer{g}, guardLoss{g}}
-	case [5]int{2, 0, 1, 1, 1}:
+	case [6]int{2, 0, 1, 1, 0, 1}:
+		return struct {
+			*guard
+			guardQueue
+			guardTransfer
+			guardLoss
+			guardPrefix
+		}{g, guardQueue{g}, guardTransfer{g}, guardLoss{g}, guardPrefix{g}}
+	case [6]int{2, 0, 1, 1, 1, 0}:
 		return struct {
 			*guard
 			guardQueue
@@ -297,27 +591,59 @@ func withInterfaces(g *guard) backend.Backend {
 			guardLoss
 			guardBatch
 		}{g, guardQueue{g}, guardTransfer{g}, guardLoss{g}, guardBatch{g}}
-	case [5]int{2, 1, 0, 0, 0}:
+	case [6]int{2, 0, 1, 1, 1, 1}:
+		return struct {
+			*guard
+			guardQueue
+			guardTransfer
+			guardLoss
+			guardBatch
+			guardPrefix
+		}{g, guardQueue{g}, guardTransfer{g}, guardLoss{g}, guardBatch{g}, guardPrefix{g}}
+	case [6]int{2, 1, 0, 0, 0, 0}:
 		return struct {
 			*guard
 			guardQueue
 			guardInspect
 		}{g, guardQueue{g}, guardInspect{g}}
-	case [5]int{2, 1, 0, 0, 1}:
+	case [6]int{2, 1, 0, 0, 0, 1}:
+		return struct {
+			*guard
+			guardQueue
+			guardInspect
+			guardPrefix
+		}{g, guardQueue{g}, guardInspect{g}, guardPrefix{g}}
+	case [6]int{2, 1, 0, 0, 1, 0}:
 		return struct {
 			*guard
 			guardQueue
 			guardInspect
 			guardBatch
 		}{g, guardQueue{g}, guardInspect{g}, guardBatch{g}}
-	case [5]int{2, 1, 0, 1, 0}:
+	case [6]int{2, 1, 0, 0, 1, 1}:
+		return struct {
+			*guard
+			guardQueue
+			guardInspect
+			guardBatch
+			guardPrefix
+		}{g, guardQueue{g}, guardInspect{g}, guardBatch{g}, guardPrefix{g}}
+	case [6]int{2, 1, 0, 1, 0, 0}:
 		return struct {
 			*guard
 			guardQueue
 			guardInspect
 			guardLoss
 		}{g, guardQueue{g}, guardInspect{g}, guardLoss{g}}
-	case [5]int{2, 1, 0, 1, 1}:
+	case [6]int{2, 1, 0, 1, 0, 1}:
+		return struct {
+			*guard
+			guardQueue
+			guardInspect
+			guardLoss
+			guardPrefix
+		}{g, guardQueue{g}, guardInspect{g}, guardLoss{g}, guardPrefix{g}}
+	case [6]int{2, 1, 0, 1, 1, 0}:
 		return struct {
 			*guard
 			guardQueue
@@ -325,14 +651,31 @@ func withInterfaces(g *guard) backend.Backend {
 			guardLoss
 			guardBatch
 		}{g, guardQueue{g}, guardInspect{g}, guardLoss{g}, guardBatch{g}}
-	case [5]int{2, 1, 1, 0, 0}:
+	case [6]int{2, 1, 0, 1, 1, 1}:
+		return struct {
+			*guard
+			guardQueue
+			guardInspect
+			guardLoss
+			guardBatch
+			guardPrefix
+		}{g, guardQueue{g}, guardInspect{g}, guardLoss{g}, guardBatch{g}, guardPrefix{g}}
+	case [6]int{2, 1, 1, 0, 0, 0}:
 		return struct {
 			*guard
 			guardQueue
 			guardInspect
 			guardTransfer
 		}{g, guardQueue{g}, guardInspect{g}, guardTransfer{g}}
-	case [5]int{2, 1, 1, 0, 1}:
+	case [6]int{2, 1, 1, 0, 0, 1}:
+		return struct {
+			*guard
+			guardQueue
+			guardInspect
+			guardTransfer
+			guardPrefix
+		}{g, guardQueue{g}, guardInspect{g}, guardTransfer{g}, guardPrefix{g}}
+	case [6]int{2, 1, 1, 0, 1, 0}:
 		return struct {
 			*guard
 			guardQueue
@@ -340,7 +683,16 @@ func withInterfaces(g *guard) backend.Backend {
 			guardTransfer
 			guardBatch
 		}{g, guardQueue{g}, guardInspect{g}, guardTransfer{g}, guardBatch{g}}
-	case [5]int{2, 1, 1, 1, 0}:
+	case [6]int{2, 1, 1, 0, 1, 1}:
+		return struct {
+			*guard
+			guardQueue
+			guardInspect
+			guardTransfer
+			guardBatch
+			guardPrefix
+		}{g, guardQueue{g}, guardInspect{g}, guardTransfer{g}, guardBatch{g}, guardPrefix{g}}
+	case [6]int{2, 1, 1, 1, 0, 0}:
 		return struct {
 			*guard
 			guardQueue
@@ -348,7 +700,16 @@ func withInterfaces(g *guard) backend.Backend {
 			guardTransfer
 			guardLoss
 		}{g, guardQueue{g}, guardInspect{g}, guardTransfer{g}, guardLoss{g}}
-	case [5]int{2, 1, 1, 1, 1}:
+	case [6]int{2, 1, 1, 1, 0, 1}:
+		return struct {
+			*guard
+			guardQueue
+			guardInspect
+			guardTransfer
+			guardLoss
+			guardPrefix
+		}{g, guardQueue{g}, guardInspect{g}, guardTransfer{g}, guardLoss{g}, guardPrefix{g}}
+	case [6]int{2, 1, 1, 1, 1, 0}:
 		return struct {
 			*guard
 			guardQueue
@@ -357,6 +718,16 @@ func withInterfaces(g *guard) backend.Backend {
 			guardLoss
 			guardBatch
 		}{g, guardQueue{g}, guardInspect{g}, guardTransfer{g}, guardLoss{g}, guardBatch{g}}
+	case [6]int{2, 1, 1, 1, 1, 1}:
+		return struct {
+			*guard
+			guardQueue
+			guardInspect
+			guardTransfer
+			guardLoss
+			guardBatch
+			guardPrefix
+		}{g, guardQueue{g}, guardInspect{g}, guardTransfer{g}, guardLoss{g}, guardBatch{g}, guardPrefix{g}}
 	}
 	panic("conformance: guardgen missed a combination of optional interfaces")
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/distlock/lock"
+	"github.com/distlock/lock/backend"
 )
 
 // The cases of this file check package lock's own promises, which every
@@ -85,11 +86,14 @@ func (s *suite) deadlineFromSend(t *testing.T) {
 }
 
 // tokenShape: owner tokens are 32 lower-case hex digits (128 bits), all
-// different.
+// different; on a backend.TokenPrefixer, the backend's prefix of at most
+// backend.MaxTokenPrefix bytes and hex digits after it.
 func (s *suite) tokenShape(t *testing.T) {
 	ctx := s.ctx(t)
 	key := s.key(t)
-	c := s.client(t, lock.WithTTL(s.long))
+	b := s.backend(t)
+	_, prefixes := unguarded(b).(backend.TokenPrefixer)
+	c := s.clientOver(t, b, lock.WithTTL(s.long))
 	seen := map[string]bool{}
 	for range 200 {
 		l, err := c.TryAcquire(ctx, key)
@@ -97,8 +101,8 @@ func (s *suite) tokenShape(t *testing.T) {
 			t.Fatalf("TryAcquire: %v", err)
 		}
 		tok := l.Token()
-		if len(tok) != 32 || !isLowerHex(tok) {
-			t.Fatalf("token %q: want 32 lower-case hex digits", tok)
+		if len(tok) != 32 || !isLowerHex(tok[backend.MaxTokenPrefix:]) || !prefixes && !isLowerHex(tok) {
+			t.Fatalf("token %q: want 32 lower-case hex digits (after the backend's prefix of at most %d bytes, when it names one)", tok, backend.MaxTokenPrefix)
 		}
 		if seen[tok] {
 			t.Fatalf("token %s came twice in %d acquisitions", tok, len(seen)+1)

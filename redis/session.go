@@ -154,10 +154,9 @@ type session struct {
 	ttl             time.Duration
 
 	mu      sync.Mutex
-	horizon time.Time       // every lock of the session expires no earlier
-	ended   bool            // its key expired: every lease of it is lost
-	lost    map[string]bool // tokens a walk found no longer holding their lock
-	renewed time.Time       // send of the latest renewal the store confirmed
+	horizon time.Time // every lock of the session expires no earlier
+	ended   bool      // its key expired: every lease of it is lost
+	renewed time.Time // send of the latest renewal the store confirmed
 }
 
 func newSessions(b *Backend) *sessions {
@@ -198,7 +197,7 @@ func (ss *sessions) current(ttl time.Duration) (*session, error) {
 	}
 	sid := newSID()
 	key := ss.b.opts.prefix + "session:" + sid
-	s = &session{sid: sid, key: key, table: key + ":locks", ttl: ttl, horizon: time.Now().Add(sessionSpan * ttl), lost: map[string]bool{}}
+	s = &session{sid: sid, key: key, table: key + ":locks", ttl: ttl, horizon: time.Now().Add(sessionSpan * ttl)}
 	ss.byTTL[ttl] = s
 	ss.bySID[sid] = s
 	ss.wg.Add(1)
@@ -275,13 +274,33 @@ func (ss *sessions) ended(token string) {
 // errSessionEnded: a grant for a session whose key had expired.
 var errSessionEnded = errors.New("redis: the lease's session ended (its key expired): a new attempt joins a new session")
 
-// sessionRenewScript: KEYS = session key; ARGV = ttl ms. Returns 1, or 0
-// when the session's key is gone: the session ended.
-var sessionRenewScript = goredis.NewScript(`return redis.call('PEXPIRE', KEYS[1], ARGV[1])`)
+// sessionRenewScript: KEYS = session key, then the locks of the renewals;
+// ARGV = ttl ms, then each lock's value as stored. The session key lives
+// ttl from now; returns for each lock 1 when it holds the value (with or
+// without the waiters' mark), else 0; or {-1} when the session's key is
+// gone: the session ended. One PEXPIRE and one MGET, however many locks.
+var sessionRenewScript = goredis.NewScript(`
+if redis.call('PEXPIRE', KEYS[1], ARGV[1]) == 0 then
+  return {-1}
+end
+local vs = redis.call('MGET', unpack(KEYS, 2))
+local out = {}
+for i = 1, #vs do
+  local want = ARGV[i + 1]
+  if vs[i] == want or vs[i] == want .. '+' then
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out`)
 
-// renewSessions answers the renewals of rs whose tokens name a session of
-// this backend (ok[i] true), one request per session, and leaves the
-// others to the caller.
+// renew answers the renewals of rs whose tokens name a session of this
+// backend (ok[i] true), one request per session and maxRenewBatch
+// renewals, and leaves the others to the caller. Each renewal gets its own
+// answer: its lock is checked by value in the same script that renews the
+// session, so a lock released or deleted from outside is reported at the
+// lease's next renewal, as without sessions.
 func (ss *sessions) renew(ctx context.Context, rs []backend.Renewal, out []backend.RenewResult) (ok []bool) {
 	ok = make([]bool, len(rs))
 	groups := map[*session][]int{}
@@ -294,47 +313,63 @@ func (ss *sessions) renew(ctx context.Context, rs []backend.Renewal, out []backe
 	if len(groups) == 0 {
 		return ok
 	}
-	type sent struct {
-		s    *session
-		at   time.Time
-		call *call
+	type part struct {
+		s   *session
+		idx []int
+		at  time.Time
 	}
 	var calls []*call
-	var sends []sent
-	for s := range groups {
-		c := ss.b.batch.newCall(ctx, sessionRenewScript, []string{s.key}, ms(s.ttl))
-		calls = append(calls, c)
-		sends = append(sends, sent{s: s, at: time.Now(), call: c})
+	var parts []part
+	for s, idx := range groups {
+		for len(idx) > 0 {
+			n := min(len(idx), maxRenewBatch)
+			ks := make([]string, 0, 1+n)
+			args := make([]any, 0, 1+n)
+			ks = append(ks, s.key)
+			args = append(args, ms(s.ttl))
+			for _, i := range idx[:n] {
+				lk, _ := keys(ss.b.opts.prefix, rs[i].Key)
+				ks = append(ks, lk)
+				args = append(args, ss.b.stored(rs[i].Token))
+			}
+			calls = append(calls, ss.b.batch.newCall(ctx, sessionRenewScript, ks, args...))
+			parts = append(parts, part{s: s, idx: idx[:n], at: time.Now()})
+			idx = idx[n:]
+		}
 	}
 	cmds := ss.b.batch.runAll(ctx, calls)
-	for j, x := range sends {
+	for j, x := range parts {
 		s := x.s
-		n, err := cmds[j].Int64()
-		s.mu.Lock()
-		if err == nil && n == 0 {
-			s.ended = true
+		res, err := cmds[j].Int64Slice()
+		ended := err == nil && len(res) == 1 && res[0] == -1
+		if err == nil && !ended && len(res) != len(x.idx) {
+			err = fmt.Errorf("redis: session renewal: %d answers for %d renewals", len(res), len(x.idx))
 		}
-		if err == nil && n == 1 && x.at.After(s.renewed) {
+		s.mu.Lock()
+		if ended {
+			s.ended = true
+		} else if err == nil && x.at.After(s.renewed) {
 			s.renewed = x.at
 		}
-		ended, horizon := s.ended, s.horizon
-		for _, i := range groups[s] {
+		horizon := s.horizon
+		s.mu.Unlock()
+		for k, i := range x.idx {
 			r := rs[i]
 			switch {
 			case r.TTL != s.ttl:
 				out[i].Err = fmt.Errorf("%w: redis: a renewal for %v of a lease whose session is for %v; a lease keeps its TTL", backend.ErrInvalid, r.TTL, s.ttl)
-			case ended || s.lost[r.Token]:
-				delete(s.lost, r.Token)
+			case ended:
 				out[i].Err = backend.ErrNotHeld
 			case err != nil:
 				out[i].Err = storeErr("renew", err)
+			case res[k] == 0:
+				out[i].Err = backend.ErrNotHeld
 			case horizon.Sub(x.at) < r.TTL:
-				out[i].Err = storeErr("renew", fmt.Errorf("the session's lock keys are known to live only until %v from now, less than the TTL: its refresh passes are late", horizon.Sub(x.at).Round(time.Millisecond)))
+				out[i].Err = storeErr("renew", fmt.Errorf("the session's lock keys are known to live only %v more, less than the TTL: its refresh walks are late", horizon.Sub(x.at).Round(time.Millisecond)))
 			default:
 				out[i].Grant = backend.Grant{TTL: granted(r.TTL)}
 			}
 		}
-		s.mu.Unlock()
 	}
 	return ok
 }
@@ -342,32 +377,38 @@ func (ss *sessions) renew(ctx context.Context, rs []backend.Renewal, out []backe
 // sessionWalkScript: KEYS = the session's lock table, the session key;
 // ARGV = HSCAN cursor, span ms, table ms. One step of a walk: every lock
 // of the step's fields still held by its token of this session lives span
-// from now (its next key too); the others leave the table. Returns {the
-// next cursor, the tokens that left}. It also extends the table, and
-// answers {"ended"} when the session key is gone.
+// from now (its next key too); the others leave the table (the holder's
+// renewal reports them). Returns the next cursor. It also extends the
+// table, and answers "ended" when the session key is gone.
 var sessionWalkScript = goredis.NewScript(`
 if redis.call('EXISTS', KEYS[2]) == 0 then
-  return {'ended'}
+  return 'ended'
 end
 local r = redis.call('HSCAN', KEYS[1], ARGV[1], 'COUNT', ` + fmt.Sprint(sessionWalkStep) + `)
 local f = r[2]
-local lost = {}
-local mine = '@' .. KEYS[2]
+local ks = {}
 for i = 1, #f, 2 do
-  local k, t = f[i], f[i + 1]
-  if k ~= '' then
-    local v = redis.call('GET', k)
-    if v == t .. mine or v == t .. mine .. '+' then
-      redis.call('PEXPIRE', k, ARGV[2])
-      redis.call('PEXPIRE', k .. ':next', ARGV[2])
-    else
-      redis.call('HDEL', KEYS[1], k)
-      lost[#lost + 1] = t
+  if f[i] ~= '' then ks[#ks + 1] = f[i] end
+end
+if #ks > 0 then
+  local vs = redis.call('MGET', unpack(ks))
+  local mine = '@' .. KEYS[2]
+  local j = 0
+  for i = 1, #f, 2 do
+    if f[i] ~= '' then
+      j = j + 1
+      local k, v, t = f[i], vs[j], f[i + 1]
+      if v == t .. mine or v == t .. mine .. '+' then
+        redis.call('PEXPIRE', k, ARGV[2])
+        redis.call('PEXPIRE', k .. ':next', ARGV[2])
+      else
+        redis.call('HDEL', KEYS[1], k)
+      end
     end
   end
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return {r[1], lost}`)
+return r[1]`)
 
 // walks runs the walks of s's lock table, one every sessionPass TTLs,
 // until s ended or the backend closes.
@@ -403,30 +444,17 @@ func (ss *sessions) walk(s *session) (ended bool, err error) {
 	defer cancel()
 	cursor := "0"
 	for {
-		res, err := ss.b.batch.run(ctx, sessionWalkScript, []string{s.table, s.key}, cursor, ms(sessionSpan*s.ttl), ms((sessionSpan+1)*s.ttl)).Slice()
+		next, err := ss.b.batch.run(ctx, sessionWalkScript, []string{s.table, s.key}, cursor, ms(sessionSpan*s.ttl), ms((sessionSpan+1)*s.ttl)).Text()
 		if err != nil {
 			return false, err
 		}
-		if len(res) == 1 {
+		if next == "ended" {
 			s.mu.Lock()
 			s.ended = true
 			s.mu.Unlock()
 			return true, nil
 		}
-		if len(res) != 2 {
-			return false, fmt.Errorf("redis: session walk: unexpected reply %v", res)
-		}
-		cursor, _ = res[0].(string)
-		lost, _ := res[1].([]any)
-		if len(lost) > 0 {
-			s.mu.Lock()
-			for _, t := range lost {
-				if t, ok := t.(string); ok {
-					s.lost[t] = true
-				}
-			}
-			s.mu.Unlock()
-		}
+		cursor = next
 		if cursor == "0" {
 			return false, nil
 		}

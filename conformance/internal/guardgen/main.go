@@ -42,6 +42,7 @@ var Optional = []Dimension{
 	{{"Transferer", "guardTransfer"}},
 	{{"LossNotifier", "guardLoss"}},
 	{{"BatchRenewer", "guardBatch"}},
+	{{"TokenPrefixer", "guardPrefix"}},
 }
 
 func main() {
