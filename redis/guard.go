@@ -29,7 +29,7 @@ import (
 // setIfHeldScript: KEYS = lock, data key; ARGV = token, value, expiry ms
 // (0: none). Sets the data key if token holds the lock (also when waiters
 // marked it). Returns 1 when it wrote, 0 when token does not hold the lock.
-var setIfHeldScript = goredis.NewScript(plainLua + setIfHeldLua)
+var setIfHeldScript = goredis.NewScript(plainScript(setIfHeldLua))
 
 const setIfHeldLua = `
 local v = live(KEYS[1])

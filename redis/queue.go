@@ -113,17 +113,17 @@ var (
 	// which did not take it (it learned of it too late): the script takes
 	// it over for token as a new grant, with a new fence and the TTL from
 	// this request.
-	placeAcquireScript = goredis.NewScript(plainLua + placeAcquireLua)
+	placeAcquireScript = goredis.NewScript(plainScript(placeAcquireLua))
 
 	// queueReleaseScript: see queueReleaseLua.
-	queueReleaseScript = goredis.NewScript(plainLua + queueReleaseLua)
+	queueReleaseScript = goredis.NewScript(plainScript(queueReleaseLua))
 
 	// refreshScript: see refreshLua.
-	refreshScript = goredis.NewScript(plainLua + refreshLua)
+	refreshScript = goredis.NewScript(plainScript(refreshLua))
 )
 
-// The queue's scripts' Lua text, which the helpers of the backend's mode
-// precede (see session.go).
+// The queue's scripts' Lua text, in the helpers of the backend's mode
+// (see session.go).
 var (
 	placeAcquireLua = `
 if redis.call('EXISTS', KEYS[3]) == 1 then

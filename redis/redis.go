@@ -524,24 +524,24 @@ var (
 	// fence key then records the holder's fence, with the lock's expiry.
 	// The next key, when there is one, expires with the lock in both
 	// modes.
-	acquireScript = goredis.NewScript(plainLua + acquireLua)
+	acquireScript = goredis.NewScript(plainScript(acquireLua))
 
 	// renewScript: KEYS = lock, then the keys that expire with it (the
 	// next key; with slot counters, the fence key); ARGV = token, ttl ms.
 	// Returns 1, or 0 when token does not hold the lock. With sessions, it
 	// brings a lock handed to token into its session (see place.confirm).
-	renewScript = goredis.NewScript(plainLua + renewLua)
+	renewScript = goredis.NewScript(plainScript(renewLua))
 
 	// transferScript: see transferLua.
-	transferScript = goredis.NewScript(plainLua + transferLua)
+	transferScript = goredis.NewScript(plainScript(transferLua))
 
 	// inspectScript: KEYS = lock, fence, next. Returns {} or {token, pttl,
 	// the holder's fence}.
-	inspectScript = goredis.NewScript(plainLua + inspectLua)
+	inspectScript = goredis.NewScript(plainScript(inspectLua))
 )
 
 // The scripts' Lua text, which the helpers of the backend's mode precede
-// (plainLua or sessionLua, see session.go).
+// (sessionLua), or which plainScript writes out (see session.go).
 const (
 	acquireLua = `
 local n

@@ -479,9 +479,8 @@ func (ss *sessions) close() {
 	ss.wg.Wait()
 }
 
-// The helpers that every script of the single deployment defines first, in
-// the backend's mode (plainLua without sessions, sessionLua with), so that
-// each rule exists once and the scripts read the same in both modes:
+// The helpers of the single deployment's scripts, so that each rule exists
+// once and the scripts read the same in both modes:
 //
 //   - live(k): the value of lock k, or false when it is free; with
 //     sessions, a lock of an ended session is deleted first (see the rule
@@ -493,19 +492,88 @@ func (ss *sessions) close() {
 //     does not exist).
 //   - span(v, ttl): the expiry of a lock granted to v for ttl.
 //   - enter(k, v), leave(k, v): lock k was granted to v, or v let it go:
-//     the session's lock table says so.
+//     the session's lock table says so (statements of their own line).
 //   - alive(v): v's session has not ended.
 //
-// v may carry the waiters' mark.
-const plainLua = `
-local function live(k) return redis.call('GET', k) end
-local function pttl(k, v) return redis.call('PTTL', k) end
-local function join(v, ttl) return true end
-local function span(v, ttl) return ttl end
-local function enter(k, v) end
-local function leave(k, v) end
-local function alive(v) return true end
-`
+// v may carry the waiters' mark. With sessions, sessionLua defines them as
+// functions before the script. Without, plainScript writes each call out
+// as the one command (or nothing) it stands for, so that the scripts of
+// a backend without sessions run as they did before sessions existed,
+// with no function to create per call.
+func plainScript(src string) string {
+	for _, h := range []struct {
+		name string
+		out  func(args []string) string
+	}{
+		{"live", func(a []string) string { return "redis.call('GET', " + a[0] + ")" }},
+		{"pttl", func(a []string) string { return "redis.call('PTTL', " + a[0] + ")" }},
+		{"join", func([]string) string { return "true" }},
+		{"alive", func([]string) string { return "true" }},
+		{"span", func(a []string) string { return a[1] }},
+		{"enter", func([]string) string { return "" }},
+		{"leave", func([]string) string { return "" }},
+	} {
+		src = expandCalls(src, h.name, h.out)
+	}
+	// Drop the lines the statements left empty.
+	var out []string
+	for _, line := range strings.Split(src, "\n") {
+		if strings.TrimSpace(line) != "" || line == "" {
+			out = append(out, line)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// expandCalls replaces each call name(args) in src, name not part of a
+// longer identifier, with out(args): args split at the commas outside
+// brackets and parentheses, trimmed. A call without its closing
+// parenthesis is a programming error: it panics, at package init.
+func expandCalls(src, name string, out func([]string) string) string {
+	var b strings.Builder
+	for {
+		i := strings.Index(src, name+"(")
+		if i < 0 {
+			b.WriteString(src)
+			return b.String()
+		}
+		if i > 0 && isIdent(src[i-1]) {
+			b.WriteString(src[:i+len(name)])
+			src = src[i+len(name):]
+			continue
+		}
+		b.WriteString(src[:i])
+		depth, start := 0, i+len(name)+1
+		var args []string
+		j := start
+		for ; j < len(src); j++ {
+			switch src[j] {
+			case '(', '[':
+				depth++
+			case ')', ']':
+				depth--
+			case ',':
+				if depth == 0 {
+					args = append(args, strings.TrimSpace(src[start:j]))
+					start = j + 1
+				}
+			}
+			if depth < 0 {
+				break
+			}
+		}
+		if j == len(src) {
+			panic("redis: unclosed call of " + name + " in a script")
+		}
+		args = append(args, strings.TrimSpace(src[start:j]))
+		b.WriteString(out(args))
+		src = src[j+1:]
+	}
+}
+
+func isIdent(c byte) bool {
+	return c == '_' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
+}
 
 var sessionLua = `
 local function sessionOf(v)
@@ -571,19 +639,19 @@ type scriptSet struct {
 
 var (
 	plainScripts   = &scriptSet{acquireScript, renewScript, transferScript, inspectScript, placeAcquireScript, queueReleaseScript, refreshScript, setIfHeldScript}
-	sessionScripts = newScriptSet(sessionLua)
+	sessionScripts = newScriptSet(func(src string) string { return sessionLua + src })
 )
 
-func newScriptSet(helpers string) *scriptSet {
+func newScriptSet(mode func(string) string) *scriptSet {
 	return &scriptSet{
-		acquire:      goredis.NewScript(helpers + acquireLua),
-		renew:        goredis.NewScript(helpers + renewLua),
-		transfer:     goredis.NewScript(helpers + transferLua),
-		inspect:      goredis.NewScript(helpers + inspectLua),
-		placeAcquire: goredis.NewScript(helpers + placeAcquireLua),
-		queueRelease: goredis.NewScript(helpers + queueReleaseLua),
-		refresh:      goredis.NewScript(helpers + refreshLua),
-		setIfHeld:    goredis.NewScript(helpers + setIfHeldLua),
+		acquire:      goredis.NewScript(mode(acquireLua)),
+		renew:        goredis.NewScript(mode(renewLua)),
+		transfer:     goredis.NewScript(mode(transferLua)),
+		inspect:      goredis.NewScript(mode(inspectLua)),
+		placeAcquire: goredis.NewScript(mode(placeAcquireLua)),
+		queueRelease: goredis.NewScript(mode(queueReleaseLua)),
+		refresh:      goredis.NewScript(mode(refreshLua)),
+		setIfHeld:    goredis.NewScript(mode(setIfHeldLua)),
 	}
 }
 
