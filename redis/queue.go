@@ -577,7 +577,7 @@ func (p *place) confirm(token string, fence uint64) {
 		ctx, cancel := context.WithTimeout(p.ctx, min(ttl, waitq.LeaveTimeout))
 		defer cancel()
 		sent := time.Now()
-		g, err := p.b.Renew(ctx, p.key, token, ttl)
+		g, err := p.b.renewLock(ctx, p.key, token, ttl)
 		if err == nil && p.q.Confirmed(token, backend.Grant{Fence: fence, TTL: g.TTL}, sent) {
 			return
 		}

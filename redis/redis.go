@@ -834,6 +834,17 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 		b.sessions.renew(ctx, []backend.Renewal{{Key: key, Token: token, TTL: ttl}}, res)
 		return res[0].Grant, res[0].Err
 	}
+	return b.renewLock(ctx, key, token, ttl)
+}
+
+// renewLock renews token's lock on key by itself (renewScript). With
+// sessions it also brings the lock into token's session: a lock handed to
+// a waiter of another process is confirmed this way (place.confirm),
+// before any renewal of its session counts for it (see session.go).
+func (b *Backend) renewLock(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
+	if err := b.check(); err != nil {
+		return backend.Grant{}, err
+	}
 	ok, err := b.batch.run(ctx, b.sc.renew, b.opts.renewKeys(key), b.stored(token), ms(ttl)).Int64()
 	if err != nil {
 		return backend.Grant{}, storeErr("renew", err)

@@ -191,3 +191,50 @@ func TestSessionNeverLivesAgain(t *testing.T) {
 		t.Errorf("TokenPrefix after the session ended: %q, %v; want a new session", next, err)
 	}
 }
+
+// A lock handed to a waiter of another process with sessions is brought
+// into the waiter's session when the waiter confirms it: it then lives as
+// long as the waiter's session renews, not only the waiter's TTL. Another
+// client never gets it while the waiter holds it, for many TTLs.
+func TestSessionHandoverToAnotherProcessLivesWithItsSession(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	ctx := context.Background()
+	ttl := 300 * time.Millisecond
+	a := sessionClient(t, srv, lock.WithTTL(ttl))
+	b := sessionClient(t, srv, lock.WithTTL(ttl))
+	c := sessionClient(t, srv, lock.WithTTL(ttl))
+	la, err := a.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *lock.Lease, 1)
+	errc := make(chan error, 1)
+	go func() {
+		l, err := b.Acquire(ctx, "k")
+		errc <- err
+		got <- l
+	}()
+	rdb := newGoRedis(t, srv.Addr)
+	for rdb.ZCard(ctx, "lock:{k}:q").Val() == 0 {
+		time.Sleep(5 * time.Millisecond) // poll the store: b queued
+	}
+	if err := la.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatalf("the waiter's Acquire: %v", err)
+	}
+	lb := <-got
+	defer lb.Release(ctx)
+	until := time.Now().Add(6 * ttl)
+	for time.Now().Before(until) {
+		if l, err := c.TryAcquire(ctx, "k"); err == nil {
+			l.Release(ctx)
+			t.Fatalf("another client took the key %v after the handover while its waiter held it (%v)", time.Since(until.Add(-6*ttl)).Round(time.Millisecond), lb.Err())
+		}
+		if err := lb.Err(); err != nil {
+			t.Fatalf("the waiter's lease ended: %v", err)
+		}
+		time.Sleep(ttl / 6) // poll the store while the lease renews
+	}
+}
