@@ -176,7 +176,9 @@
 // prefix, default "lock:"), durablefence (true when the server runs with
 // appendfsync always), slotfences (WithSlotFenceCounters) and maxttl (the
 // longest TTL granted, WithMaxTTL: a Go duration from 10ms to 8760h,
-// lock.MaxTTL; default 1m).
+// lock.MaxTTL; default 1m), and on redis, rediss, unix and the Sentinel
+// schemes sessions (WithSessions: the leases of one TTL renewed together,
+// see session.go).
 //
 // redis+cluster://[user:password@]host1:port,host2:port,... (rediss+cluster
 // with TLS) opens a Redis Cluster from any of its nodes, with go-redis's
@@ -806,9 +808,13 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	if sk := b.opts.slotFenceKey(lk); sk != "" {
 		ks = append(ks, sk)
 	}
+	sent := time.Now()
 	res, err := b.batch.run(ctx, b.sc.acquire, ks, st, ms(ttl), queueKeyOf(lk), recordPrefixOf(lk)).Int64()
 	if err != nil {
 		return backend.Grant{}, b.acquireErr(token, err)
+	}
+	if b.sessions != nil {
+		b.sessions.touch(token, sent) // the script made it live a TTL
 	}
 	if res <= 0 {
 		return backend.Grant{}, backend.Locked(time.Duration(-res) * time.Millisecond)

@@ -144,7 +144,8 @@ type sessions struct {
 	byTTL map[time.Duration]*session
 	bySID map[string]*session
 
-	stop chan struct{}
+	ctx  context.Context // ends at close: bounds the walks
+	stop context.CancelFunc
 	wg   sync.WaitGroup
 }
 
@@ -156,11 +157,12 @@ type session struct {
 	mu      sync.Mutex
 	horizon time.Time // every lock of the session expires no earlier
 	ended   bool      // its key expired: every lease of it is lost
-	renewed time.Time // send of the latest renewal the store confirmed
+	touched time.Time // send of the latest grant or renewal the store confirmed
 }
 
 func newSessions(b *Backend) *sessions {
-	return &sessions{b: b, byTTL: map[time.Duration]*session{}, bySID: map[string]*session{}, stop: make(chan struct{})}
+	ctx, stop := context.WithCancel(context.Background())
+	return &sessions{b: b, byTTL: map[time.Duration]*session{}, bySID: map[string]*session{}, ctx: ctx, stop: stop}
 }
 
 // sidAlphabet are the characters of a session id; with 'S' first, a
@@ -177,9 +179,9 @@ func newSID() string {
 }
 
 // current returns the session that a new lease of ttl joins: the latest
-// one of ttl, unless it ended or may end before a request sent now
-// arrives (its key's expiry is not known to lie a TTL ahead: then a new
-// one, so that no grant waits on a session about to end).
+// one of ttl, unless it ended or may have (nothing touched it in the last
+// half TTL: then a new one, rather than a grant refused for a session
+// that expired while idle).
 func (ss *sessions) current(ttl time.Duration) (*session, error) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
@@ -189,7 +191,7 @@ func (ss *sessions) current(ttl time.Duration) (*session, error) {
 	s := ss.byTTL[ttl]
 	if s != nil {
 		s.mu.Lock()
-		usable := !s.ended && (s.renewed.IsZero() || time.Since(s.renewed) < ttl/2)
+		usable := !s.ended && time.Since(s.touched) < ttl/2
 		s.mu.Unlock()
 		if usable {
 			return s, nil
@@ -197,7 +199,8 @@ func (ss *sessions) current(ttl time.Duration) (*session, error) {
 	}
 	sid := newSID()
 	key := ss.b.opts.prefix + "session:" + sid
-	s = &session{sid: sid, key: key, table: key + ":locks", ttl: ttl, horizon: time.Now().Add(sessionSpan * ttl)}
+	now := time.Now()
+	s = &session{sid: sid, key: key, table: key + ":locks", ttl: ttl, horizon: now.Add(sessionSpan * ttl), touched: now}
 	ss.byTTL[ttl] = s
 	ss.bySID[sid] = s
 	ss.wg.Add(1)
@@ -260,6 +263,18 @@ func (ss *sessions) lookup(token string) *session {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	return ss.bySID[sid]
+}
+
+// touch records that a request for token's session, sent at sent, made
+// the session's key live a TTL from then.
+func (ss *sessions) touch(token string, sent time.Time) {
+	if s := ss.lookup(token); s != nil {
+		s.mu.Lock()
+		if sent.After(s.touched) {
+			s.touched = sent
+		}
+		s.mu.Unlock()
+	}
 }
 
 // ended marks the session of token as ended: no new lease joins it.
@@ -348,8 +363,8 @@ func (ss *sessions) renew(ctx context.Context, rs []backend.Renewal, out []backe
 		s.mu.Lock()
 		if ended {
 			s.ended = true
-		} else if err == nil && x.at.After(s.renewed) {
-			s.renewed = x.at
+		} else if err == nil && x.at.After(s.touched) {
+			s.touched = x.at
 		}
 		horizon := s.horizon
 		s.mu.Unlock()
@@ -419,7 +434,7 @@ func (ss *sessions) walks(s *session) {
 	defer t.Stop()
 	for {
 		select {
-		case <-ss.stop:
+		case <-ss.ctx.Done():
 			return
 		case <-t.C:
 		}
@@ -440,7 +455,7 @@ func (ss *sessions) walks(s *session) {
 
 // walk walks s's lock table once; ended reports that the session ended.
 func (ss *sessions) walk(s *session) (ended bool, err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), s.ttl)
+	ctx, cancel := context.WithTimeout(ss.ctx, s.ttl)
 	defer cancel()
 	cursor := "0"
 	for {
@@ -475,7 +490,7 @@ func (ss *sessions) forget(s *session) {
 
 // close stops the walks. The sessions' keys expire by themselves.
 func (ss *sessions) close() {
-	close(ss.stop)
+	ss.stop()
 	ss.wg.Wait()
 }
 

@@ -87,6 +87,10 @@ const oneDial = 1
 // ownParams are this backend's query parameters, on every scheme.
 var ownParams = []string{"durablefence", "maxttl", "prefix", "slotfences"}
 
+// sessionParams are the parameters of the schemes of one server (or a
+// Sentinel's master): sessions (WithSessions) need every key on one server.
+var sessionParams = []string{"sessions"}
+
 // params joins lists of query parameters.
 func params(lists ...[]string) []string {
 	var out []string
@@ -97,9 +101,9 @@ func params(lists ...[]string) []string {
 }
 
 func init() {
-	single := params(goredisParams, ownParams, credParams, lock.TLSParams)
+	single := params(goredisParams, ownParams, sessionParams, credParams, lock.TLSParams)
 	cluster := params(clusterParams, ownParams, credParams, lock.TLSParams)
-	sentinel := params(sentinelParams, ownParams, credParams, sentinelCredParams, lock.TLSParams)
+	sentinel := params(sentinelParams, ownParams, sessionParams, credParams, sentinelCredParams, lock.TLSParams)
 	redlock := params(redlockParams, ownParams, credParams, lock.TLSParams)
 	for _, s := range []lock.Scheme{
 		{Name: "redis", Params: single, Secrets: []string{"password"}, Open: openSingle},
@@ -306,7 +310,7 @@ func openSentinel(_ context.Context, u *url.URL) (backend.Backend, error) {
 		o.DialerRetries = oneDial
 	}
 	o.Dialer = ownedDialer(tlsConfig)
-	return New(goredis.NewFailoverClient(o), opts...), nil
+	return opened(New(goredis.NewFailoverClient(o), opts...))
 }
 
 // takeOwnParams removes this backend's parameters from u's query and returns
@@ -333,6 +337,14 @@ func takeOwnParams(u *url.URL) ([]Option, url.Values, error) {
 		}
 		opts = append(opts, WithSlotFenceCounters(on))
 		q.Del("slotfences")
+	}
+	if v, ok := q["sessions"]; ok {
+		on, err := strconv.ParseBool(v[0])
+		if err != nil {
+			return nil, nil, fmt.Errorf("%w: redis: sessions=%q: want true or false", backend.ErrInvalid, v[0])
+		}
+		opts = append(opts, WithSessions(on))
+		q.Del("sessions")
 	}
 	if v, ok := q["maxttl"]; ok {
 		d, err := time.ParseDuration(v[0])
@@ -362,7 +374,7 @@ func openSingle(_ context.Context, u *url.URL) (backend.Backend, error) {
 	o.DialerRetries = oneDial
 	o.Dialer = ownedDialer(tlsConfig)
 	o.MaintNotificationsConfig = noMaintNotifications()
-	return New(goredis.NewClient(o), opts...), nil
+	return opened(New(goredis.NewClient(o), opts...))
 }
 
 // redlockDurations returns the option that the parameter nodetimeout of a
@@ -508,4 +520,14 @@ func applied(opts []Option) options {
 		f(&o)
 	}
 	return o
+}
+
+// opened returns a backend opened from a URL, or why its parameters do not
+// go together (sessions with slot fences, say), closing it.
+func opened(b *Backend) (backend.Backend, error) {
+	if b.refused != nil {
+		b.Close()
+		return nil, b.refused
+	}
+	return b, nil
 }

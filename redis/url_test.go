@@ -19,6 +19,7 @@ func TestOpenURLs(t *testing.T) {
 	for _, u := range []string{
 		"redis://" + srvs[0].Addr + "/0?prefix=app:&durablefence=false&ttl=5s&pool_size=4",
 		"redlock://" + srvs[0].Addr + "," + srvs[1].Addr + "," + srvs[2].Addr + "?nodetimeout=2s&prefix=app:",
+		"redis://" + srvs[0].Addr + "/0?prefix=app:&sessions=true&ttl=5s",
 	} {
 		locks, err := lock.Open(ctx, u)
 		if err != nil {
@@ -43,6 +44,9 @@ func TestOpenURLs(t *testing.T) {
 		if holding < want {
 			t.Errorf("%s: the lock is under the URL's prefix app: on %d nodes; want %d or more", u, holding, want)
 		}
+		if v := newGoRedis(t, srvs[0].Addr).Get(ctx, "app:{k}").Val(); strings.Contains(u, "sessions=true") != strings.Contains(v, "@app:session:") {
+			t.Errorf("%s: the lock's value %q; want it to name a session (app:session:...) exactly when the URL asks for sessions", u, v)
+		}
 		if err := l.Release(ctx); err != nil {
 			t.Errorf("%s: Release: %v", u, err)
 		}
@@ -57,6 +61,10 @@ func TestOpenURLs(t *testing.T) {
 		{"redlock://" + srvs[0].Addr + "?nodetimeout=fast", "positive Go duration"},
 		{"redlock://" + srvs[0].Addr + ",," + srvs[1].Addr, "empty node"},
 		{"redlock://" + srvs[0].Addr + "?maxttl=1ms", "at least 10ms"},
+		{"redis://" + srvs[0].Addr + "?sessions=perhaps", "want true or false"},
+		{"redis://" + srvs[0].Addr + "?sessions=true&slotfences=true", "do not go together"},
+		{"redis://" + srvs[0].Addr + "?sessions=true&prefix=my%20app:", "neither a space nor '@'"},
+		{"redlock://" + srvs[0].Addr + "," + srvs[1].Addr + "," + srvs[2].Addr + "?sessions=true", "valid: "},
 	}
 	for _, tc := range bad {
 		c, err := lock.Open(ctx, tc.url)
