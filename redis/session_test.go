@@ -8,8 +8,11 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/distlock/lock"
 	"github.com/distlock/lock/backend"
+	"github.com/distlock/lock/conformance/faultproxy"
 	"github.com/distlock/lock/internal/redistest"
 	"github.com/distlock/lock/redis"
 )
@@ -236,5 +239,67 @@ func TestSessionHandoverToAnotherProcessLivesWithItsSession(t *testing.T) {
 			t.Fatalf("the waiter's lease ended: %v", err)
 		}
 		time.Sleep(ttl / 6) // poll the store while the lease renews
+	}
+}
+
+// A client cut off from the server (a partition, or a process stopped for
+// longer than its TTL) loses its session: its lease is lost by its own
+// deadline, before another client can take the lock (the session key's
+// expiry counts from a renewal's arrival, the lease's deadline from its
+// send), and once it is back its renewals find the lease lost: a session
+// that ended never lives again, and new leases join a new one.
+func TestSessionCutOffLosesItsLocksBeforeOthersTakeThem(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	ctx := context.Background()
+	ttl := 300 * time.Millisecond
+	px := faultproxy.Start(t, srv.Addr)
+	rdb := goredis.NewClient(&goredis.Options{Addr: px.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { rdb.Close() })
+	cut := redis.New(rdb, redis.WithSessions(true))
+	a, err := lock.New(cut, lock.WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	other := sessionClient(t, srv, lock.WithTTL(ttl))
+	la, err := a.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := cut.TokenPrefix(ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	px.Cut()
+	var lo *lock.Lease
+	// The session key expires a TTL after the last renewal that reached
+	// it; the lock key lives sessionSpan TTLs, and must not matter.
+	for deadline := time.Now().Add(4 * ttl); lo == nil; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the key of a client cut off for 4 TTLs is still held: a lock of an ended session is not free")
+		}
+		if lo, err = other.TryAcquire(ctx, "k"); err == nil {
+			select {
+			case <-la.Done():
+			default:
+				t.Fatalf("another client took the key while the cut-off lease was still valid (deadline %v from now)", time.Until(la.Deadline()))
+			}
+		}
+		time.Sleep(ttl / 10) // poll the store while the session expires
+	}
+	defer lo.Release(ctx)
+	px.Heal()
+	if err := la.Renew(ctx); !errors.Is(err, lock.ErrLost) {
+		t.Errorf("Renew of the cut-off lease after the cut healed: %v; want ErrLost", err)
+	}
+	if _, err := a.TryAcquire(ctx, "k"); !errors.Is(err, lock.ErrLocked) {
+		t.Errorf("TryAcquire by the client that was cut off: %v; want ErrLocked (the other client holds the key)", err)
+	}
+	after, err := cut.TokenPrefix(ttl)
+	if err != nil || after == before {
+		t.Errorf("TokenPrefix after the session ended: %q, %v; want a new session (it was %q)", after, err, before)
+	}
+	if h, err := redis.New(newGoRedis(t, srv.Addr)).Inspect(ctx, "k"); err != nil || h.Token != lo.Token() {
+		t.Errorf("Inspect: %+v, %v; want the other client's lease %s", h, err, lo.Token())
 	}
 }
