@@ -609,13 +609,15 @@ const clockTicks = 100
 func startLeaseTarget(store string, ttl time.Duration) leaseTarget {
 	switch store {
 	case "redis":
-		return startRedisLeases(ttl)
+		return startRedisLeases(ttl, false)
+	case "redis-sessions":
+		return startRedisLeases(ttl, true)
 	case "etcd":
 		return startEtcdLeases(ttl)
 	case "consul":
 		return startConsulLeases(ttl)
 	}
-	fatal(fmt.Errorf("-store %q: want redis, etcd or consul", store))
+	fatal(fmt.Errorf("-store %q: want redis, redis-sessions, etcd or consul", store))
 	return leaseTarget{}
 }
 
@@ -650,7 +652,7 @@ func (c *tripCounter) ProcessPipelineHook(next goredis.ProcessPipelineHook) gore
 	}
 }
 
-func startRedisLeases(ttl time.Duration) leaseTarget {
+func startRedisLeases(ttl time.Duration, sessions bool) leaseTarget {
 	h := &harness{}
 	srv := redistest.Start(h, redistest.NoPersistence)
 	opts := func() *goredis.Options {
@@ -664,7 +666,7 @@ func startRedisLeases(ttl time.Duration) leaseTarget {
 	rdb := goredis.NewClient(opts())
 	rdb.AddHook(hook)
 	admin := goredis.NewClient(opts())
-	c, err := lock.New(lockredis.New(rdb), lock.WithTTL(ttl))
+	c, err := lock.New(lockredis.New(rdb, lockredis.WithSessions(sessions)), lock.WithTTL(ttl))
 	if err != nil {
 		fatal(err)
 	}
