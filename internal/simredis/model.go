@@ -155,15 +155,29 @@ func (m redlock) RestartEmpty(node int) {
 	m.net.nodes[node].restart()
 }
 
-// kept reports whether a Redis key may outlive every lease and waiter: the
-// fence counters; the tombstones of released tokens, which make a release
-// or an acquire sent again after its token's release harmless (they expire
-// on their own); and a handover's fence reservation ("next"), which
-// expires with the lock it was made on, and which a release leaves (any
-// later grant raises the counter past it). None of them holds a lock.
-func kept(k string) bool {
-	return strings.HasSuffix(k, ":fence") || strings.Contains(k, ":dead:") || strings.HasSuffix(k, ":next") ||
-		k == lredis.DefaultPrefix+"redlock:node" // a Redlock node's state: "ready"
+// kept reports whether the Redis key k of s may outlive every lease and
+// waiter: the fence counters; the tombstones of released tokens, which
+// make a release or an acquire sent again after its token's release
+// harmless (they expire on their own); a handover's fence reservation
+// ("next"), which expires with the lock it was made on, and which a
+// release leaves (any later grant raises the counter past it); with
+// sessions, a session's lock table, which keeps an ended session from
+// beginning again, and a lock whose session key is gone, which is free by
+// the sessions' rule (see package redis) and expires on its own. None of
+// them holds a lock.
+func kept(s *miniredis.Miniredis, k string) bool {
+	if strings.HasSuffix(k, ":fence") || strings.Contains(k, ":dead:") || strings.HasSuffix(k, ":next") ||
+		k == lredis.DefaultPrefix+"redlock:node" { // a Redlock node's state: "ready"
+		return true
+	}
+	if strings.HasPrefix(k, lredis.DefaultPrefix+"session:") && strings.HasSuffix(k, ":locks") {
+		return true
+	}
+	v, err := s.Get(k)
+	if _, session, ok := strings.Cut(strings.TrimSuffix(v, "+"), "@"); err == nil && ok {
+		return !s.Exists(session)
+	}
+	return false
 }
 
 // held lists, per node, the keys that no lease or waiter should still
@@ -173,7 +187,7 @@ func (m *model) held(channels bool) []string {
 	for i, s := range m.srvs {
 		var ks []string
 		for _, k := range s.Keys() {
-			if !kept(k) {
+			if !kept(s, k) {
 				ks = append(ks, fmt.Sprintf("%q (%v left)", k, s.TTL(k)))
 			}
 		}

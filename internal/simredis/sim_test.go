@@ -4,14 +4,17 @@ import (
 	"testing"
 
 	"github.com/distlock/lock/internal/simtest"
+	lredis "github.com/distlock/lock/redis"
 )
 
 // The CI budget, in seeds: each run has about 140 critical sections. The
-// single node's is what the histories need (TestSimFindsHistories): X1 to
-// X3 took up to 60, 100+ and 159 seeds in runs of the day.
+// single node's (with and without sessions together) is what the
+// histories need (TestSimFindsHistories): X1 to X3 took up to 60, 100+
+// and 159 seeds in runs of the day.
 const (
-	redisBudget   = 300
-	redlockBudget = 25
+	redisBudget         = 200
+	redisSessionsBudget = 100
+	redlockBudget       = 25
 )
 
 // TestSimRedis runs package lock over the Redis backend's real code and
@@ -19,6 +22,13 @@ const (
 // network, for the seeds the flags name (see internal/simtest's flags).
 func TestSimRedis(t *testing.T) {
 	simtest.Sweep(t, simtest.Config{Model: New(1)}, "./internal/simredis", redisBudget)
+}
+
+// TestSimRedisSessions is TestSimRedis with sessions (redis.WithSessions):
+// the leases that renew themselves share a session, whose key the
+// simulated faults expire, and whose walks race every other request.
+func TestSimRedisSessions(t *testing.T) {
+	simtest.Sweep(t, simtest.Config{Model: New(1, lredis.WithSessions(true))}, "./internal/simredis", redisSessionsBudget)
 }
 
 // TestSimRedlock is TestSimRedis over a Redlock of three servers; the
