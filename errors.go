@@ -15,7 +15,9 @@ var (
 	// ErrLocked: the key is held by another owner (TryAcquire).
 	ErrLocked = backend.ErrLocked
 	// ErrContended: concurrent attempts kept splitting a multi-node store's
-	// quorum (Redlock) and TryAcquire gave up; nobody held the key.
+	// quorum (Redlock) and TryAcquire gave up, after about a TTL of
+	// attempts (64 at most); nobody held the key. Acquire keeps trying
+	// until its context ends.
 	ErrContended = backend.ErrContended
 	// ErrNotHeld: the store says the key is not held by this owner.
 	ErrNotHeld = backend.ErrNotHeld
