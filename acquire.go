@@ -12,9 +12,13 @@ import (
 
 // TryAcquire makes one attempt to take key. It returns ErrLocked at once when
 // another owner holds it, including another goroutine of this Client (then
-// without asking the store). On a multi-node store (Redlock) a split vote,
-// where concurrent attempts left nobody a majority, is retried after a
-// random delay; after many splits it returns ErrContended.
+// without asking the store). On a multi-node store (Redlock) an attempt
+// that got no lock while nobody holds the key (backend.ErrContended: a
+// split vote, where concurrent attempts left nobody a majority, or a
+// majority that came later than the TTL) is retried after a random delay;
+// once a TTL has passed since the first attempt, or after 64 attempts, it
+// returns the last attempt's error, for which errors.Is(err, ErrContended)
+// holds.
 func (c *Client) TryAcquire(ctx context.Context, key string, opts ...Option) (*Lease, error) {
 	return c.acquire(ctx, "try-acquire", key, false, opts)
 }
@@ -51,9 +55,12 @@ func (c *Client) Waiting(key string) int {
 // errLocalHolder: another goroutine of this client holds or is taking the key.
 var errLocalHolder = fmt.Errorf("%w (by this client)", ErrLocked)
 
-// Split votes (backend.ErrContended) are retried after a random delay of up
-// to splitDelay times the number of splits so far (at most 8); TryAcquire
-// gives up after maxSplitRetries.
+// Split votes and quorums later than the TTL (backend.ErrContended) are
+// retried after a random delay of up to splitDelay times the number of
+// splits so far (at most 8); TryAcquire gives up after maxSplitRetries, or
+// once more than the TTL has passed since it sent the first attempt:
+// attempts that are slow (a quorum later than the TTL took more than a TTL)
+// would otherwise hold it up to maxSplitRetries times as long.
 const (
 	splitDelay      = time.Millisecond
 	maxSplitRetries = 64
@@ -139,6 +146,7 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 	}()
 	backoff := cfg.minBackoff
 	splits := 0
+	var firstSent time.Time // of the first attempt that met ErrContended
 	for {
 		if queue != nil {
 			l, err := c.handed(ctx, queue, key, cfg, refused, t)
@@ -179,11 +187,20 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 			return l, nil
 		}
 		if errors.Is(err, ErrContended) {
-			// A split vote: nobody holds the key. Retry after a random
-			// delay, so that one contender gets ahead of the others.
+			// A split vote, or a quorum too late to hold the lock:
+			// nobody holds the key. Retry after a random delay, so
+			// that one contender gets ahead of the others.
+			if splits == 0 {
+				firstSent = sent
+			}
 			splits++
-			if !wait && splits >= maxSplitRetries {
-				return nil, wrap(op, key, err)
+			if !wait {
+				if splits >= maxSplitRetries {
+					return nil, wrap(op, key, err)
+				}
+				if spent := cfg.clock.Now().Sub(firstSent); spent > cfg.ttl {
+					return nil, wrap(op, key, fmt.Errorf("%w (gave up: %d attempt(s) took %v, longer than the %v TTL)", err, splits, spent.Round(time.Millisecond), cfg.ttl))
+				}
 			}
 			if err := c.sleep(ctx, cfg, rand.N(splitDelay*time.Duration(min(splits, 8))), nil); err != nil {
 				return nil, wrap(op, key, err)

@@ -29,10 +29,14 @@ type Client struct {
 	renewSlots chan struct{}
 	local      localQueue // this client's goroutines waiting for the same key
 	closed     atomic.Bool
+	// renewCtx is the parent of every automatic renewal's context;
+	// Close cancels it (endRenewals) to end the renewals in flight.
+	renewCtx    context.Context
+	endRenewals context.CancelFunc
 
 	bgMu     sync.Mutex
-	bgClosed bool           // no more cleanups start
-	bg       sync.WaitGroup // best-effort cleanups still running
+	bgClosed bool           // no more background work starts
+	bg       sync.WaitGroup // cleanups and automatic renewals still running
 }
 
 // New returns a Client over b with the given default options. The Client owns
@@ -71,6 +75,7 @@ func New(b backend.Backend, opts ...Option) (*Client, error) {
 	}
 	c.sched = newScheduler(c.cfg.clock)
 	c.renewSlots = make(chan struct{}, maxConcurrentTicks)
+	c.renewCtx, c.endRenewals = context.WithCancel(context.Background())
 	return c, nil
 }
 
@@ -86,6 +91,12 @@ func (c *Client) Backend() backend.Backend { return c.b }
 // renewing (held leases are lost at their deadlines), and the backend is
 // closed. Release leases before closing to free their keys at once. Close is
 // idempotent.
+//
+// Before it closes the backend, Close ends the automatic renewals in flight
+// (their contexts are cancelled; a lease keeps the deadline it had) and
+// waits for them, and for the background cleanups (each bounded, see
+// cleanup), so that nothing of the Client runs against the closed backend
+// or outlives Close.
 func (c *Client) Close() error {
 	if c == nil || !c.closed.CompareAndSwap(false, true) {
 		return nil
@@ -93,6 +104,7 @@ func (c *Client) Close() error {
 	c.bgMu.Lock()
 	c.bgClosed = true
 	c.bgMu.Unlock()
+	c.endRenewals()
 	c.bg.Wait()
 	return c.b.Close()
 }
@@ -100,16 +112,26 @@ func (c *Client) Close() error {
 // background runs f in a goroutine that Close waits for. Once the client is
 // closing it runs nothing and reports false.
 func (c *Client) background(f func()) bool {
+	if !c.track() {
+		return false
+	}
+	go func() {
+		defer c.bg.Done()
+		f()
+	}()
+	return true
+}
+
+// track counts one piece of background work, which calls c.bg.Done when
+// it ends, for Close to wait for. Once the client is closing it counts
+// nothing and reports false: the work must not start.
+func (c *Client) track() bool {
 	c.bgMu.Lock()
 	defer c.bgMu.Unlock()
 	if c.bgClosed {
 		return false
 	}
 	c.bg.Add(1)
-	go func() {
-		defer c.bg.Done()
-		f()
-	}()
 	return true
 }
 

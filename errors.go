@@ -14,8 +14,12 @@ import (
 var (
 	// ErrLocked: the key is held by another owner (TryAcquire).
 	ErrLocked = backend.ErrLocked
-	// ErrContended: concurrent attempts kept splitting a multi-node store's
-	// quorum (Redlock) and TryAcquire gave up; nobody held the key.
+	// ErrContended: TryAcquire gave up on a multi-node store (Redlock)
+	// where nobody held the key but no attempt got it either: concurrent
+	// attempts kept splitting the quorum, or the quorum kept coming later
+	// than the TTL (a slow network or store). It gives up after about a
+	// TTL of such attempts (64 at most); Acquire keeps trying until its
+	// context ends.
 	ErrContended = backend.ErrContended
 	// ErrNotHeld: the store says the key is not held by this owner.
 	ErrNotHeld = backend.ErrNotHeld

@@ -136,18 +136,20 @@ func (l *Lease) tick() bool {
 }
 
 // watchdogRenew runs the automatic renewal that tick marked as running.
+// Its caller has counted it as background work of the Client (track); it
+// sends nothing once the Client is closing, and Close cancels it in flight.
 func (l *Lease) watchdogRenew() {
 	l.mu.Lock()
-	if l.state != stateHeld {
+	if l.state != stateHeld || l.c.closed.Load() {
 		l.wd.renewing = false
 		l.unlock()
 		return
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(l.c.renewCtx)
 	if clock.IsReal(l.sched.clock) {
 		// Past the deadline the renewal is useless: let the backend give
 		// up then too.
-		ctx, cancel = context.WithDeadline(context.Background(), l.v.deadline)
+		ctx, cancel = context.WithDeadline(l.c.renewCtx, l.v.deadline)
 	}
 	l.wd.cancel = cancel
 	l.unlock()

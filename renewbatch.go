@@ -33,7 +33,8 @@ import (
 //     lost lease is freed (renewEnd's cleanup).
 //   - The batch's context ends at the latest deadline in it (on the real
 //     clock): a renewal is no use after its lease's deadline, and no lease
-//     of the batch is cut short before its own. A lease whose renewal
+//     of the batch is cut short before its own. It ends too when the
+//     Client closes, which stops the watchdogs anyway. A lease whose renewal
 //     failed is renewed again soon, alone or in a later batch, while it is
 //     valid (watchdogEnd).
 //   - A lease that ends while its batch is in flight (released, lost) is
@@ -49,7 +50,8 @@ const maxRenewBatch = 256
 // maxConcurrentTicks requests at once per Client: batches when the
 // Client's backend renews many locks in one request, one lease per request
 // otherwise. It returns when they are done, so that clock.Fake.AdvanceWait
-// covers them.
+// covers them. Each is background work of its Client (track), which
+// Client.Close ends and waits for; none starts once the Client is closing.
 func renewDue(renew []*Lease) {
 	var wg sync.WaitGroup
 	var batch map[*Client][]*Lease
@@ -62,34 +64,53 @@ func renewDue(renew []*Lease) {
 			continue
 		}
 		wg.Go(func() {
+			if !l.c.track() {
+				l.watchdogEnd(nil) // closing: no renewal
+				return
+			}
+			defer l.c.bg.Done()
 			l.c.renewSlots <- struct{}{}
 			defer func() { <-l.c.renewSlots }()
 			l.watchdogRenew()
 		})
 	}
 	for c, ls := range batch {
-		br := c.b.(backend.BatchRenewer)
 		for len(ls) > 0 {
 			n := min(len(ls), maxRenewBatch)
 			chunk := ls[:n:n]
 			ls = ls[n:]
 			wg.Go(func() {
+				if !c.track() {
+					for _, l := range chunk {
+						l.watchdogEnd(nil) // closing: no renewal
+					}
+					return
+				}
+				defer c.bg.Done()
 				c.renewSlots <- struct{}{}
 				defer func() { <-c.renewSlots }()
 				if len(chunk) == 1 {
 					chunk[0].watchdogRenew()
 					return
 				}
-				renewBatch(br, chunk)
+				renewBatch(c, chunk)
 			})
 		}
 	}
 	wg.Wait()
 }
 
-// renewBatch runs the automatic renewals of ls, leases of one Client, as
-// one batch (see the argument above).
-func renewBatch(br backend.BatchRenewer, ls []*Lease) {
+// renewBatch runs the automatic renewals of ls, leases of c, as one batch
+// (see the argument above). It sends nothing once c is closing, and
+// c.Close cancels it in flight, as watchdogRenew.
+func renewBatch(c *Client, ls []*Lease) {
+	if c.closed.Load() {
+		for _, l := range ls {
+			l.watchdogEnd(nil)
+		}
+		return
+	}
+	br := c.b.(backend.BatchRenewer)
 	live := make([]*Lease, 0, len(ls))
 	sents := make([]time.Time, 0, len(ls))
 	rs := make([]backend.Renewal, 0, len(ls))
@@ -114,9 +135,9 @@ func renewBatch(br backend.BatchRenewer, ls []*Lease) {
 	if len(live) == 0 {
 		return
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(c.renewCtx)
 	if realClock {
-		ctx, cancel = context.WithDeadline(context.Background(), latest)
+		ctx, cancel = context.WithDeadline(c.renewCtx, latest)
 	}
 	defer cancel()
 	res := br.RenewBatch(ctx, rs)

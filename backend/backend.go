@@ -62,11 +62,15 @@ var (
 	// ErrNotHeld: the key is not held by the given token (free, expired, or
 	// held by someone else).
 	ErrNotHeld = errors.New("lock: not held by this owner")
-	// ErrContended: nobody holds the key, but concurrent attempts split the
-	// store's nodes so that none got a majority (Redlock's split vote). The
-	// attempt left nothing behind; package lock retries it after a random
-	// delay.
-	ErrContended = errors.New("lock: contended: concurrent attempts split the quorum")
+	// ErrContended: the attempt got no lock, but no other owner holds the
+	// key, and the store answered: trying again may succeed. Redlock
+	// returns it when concurrent attempts split the nodes so that none got
+	// a majority (a split vote), and when a majority granted but later
+	// than the TTL, so that no validity was left. The attempt left nothing
+	// behind (a multi-node store has undone its partial or late grants);
+	// package lock retries it after a random delay, a TryAcquire for at
+	// most about a TTL.
+	ErrContended = errors.New("lock: contended: the attempt got no lock, but no other owner holds the key")
 	// ErrInvalid: the input cannot be accepted. Nothing was changed.
 	ErrInvalid = errors.New("lock: invalid argument")
 	// ErrClosed: the backend or client was closed.
@@ -93,8 +97,11 @@ type Backend interface {
 	// remaining TTL when it is cheap to know.
 	//
 	// A store with several nodes that finds nobody holding a majority but
-	// cannot get one either, because of concurrent attempts, undoes its
-	// partial grant and returns ErrContended.
+	// cannot get one either, because of concurrent attempts, or that got
+	// one too late to hold the lock (later than the TTL), undoes its
+	// partial or late grant and returns ErrContended: the store answers
+	// and nobody holds the key, so package lock tries again. Package lock
+	// sends no release after ErrContended: undo the grants first.
 	//
 	// A token is used for one acquisition attempt only, and re-entrancy is
 	// not part of the contract. If token already holds key (a client

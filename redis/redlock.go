@@ -29,7 +29,11 @@ import (
 // in the background, bounded by the node timeout, and Close waits for it.
 // Acquire fails, and releases whatever it got on every node, when
 // fewer than a majority granted it, or when granting took so long that less
-// than the drift allowance of the TTL was left. Renew needs a majority too.
+// than the drift allowance of the TTL was left. When nobody else holds the
+// key and the nodes answered, so that the attempt failed only for a split
+// vote or for a majority that came too late, its error wraps
+// backend.ErrContended, and package lock tries again. Renew needs a
+// majority too.
 // Package lock measures validity from the send time, so a lease's deadline
 // already accounts for the time the quorum took.
 //
@@ -429,6 +433,11 @@ func releaseID() string {
 // errLockedHere marks a node where another owner holds the lock.
 var errLockedHere = errors.New("held by another owner")
 
+// errExpiredBeforeRaise marks a node that granted an attempt but whose lock
+// had expired when the attempt's fence was to be raised there: the grant
+// came later than the TTL.
+var errExpiredBeforeRaise = errors.New("lock expired before the fence was raised")
+
 // errNotReady marks a node that came back empty and does not vote yet.
 var errNotReady = errors.New("node came back empty and does not vote yet")
 
@@ -444,7 +453,11 @@ func (r *Redlock) tooLong(ttl time.Duration) error {
 // Acquire implements backend.Backend.
 //
 // It returns as soon as a majority has decided: a majority granted and then
-// confirmed the fence, or too few nodes are left to grant. A node that
+// confirmed the fence, or too few nodes are left to grant. A majority that
+// granted and answered the fence's raise later than the TTL (less drift)
+// leaves no validity: Acquire undoes its grants and, once the nodes that
+// granted have answered the undo, returns an error wrapping
+// backend.ErrContended that says the quorum came too late. A node that
 // answers later is handled in the background: a grant that comes too late
 // for a failed attempt is released; one that comes after a successful
 // attempt belongs to the lease (its renewals and its release go to every
@@ -583,6 +596,8 @@ func (r *Redlock) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	}
 
 	errs := first
+	var took time.Duration // the time the quorum took, when it was reached
+	tooLate := false       // a majority granted, but later than the TTL
 	if nGranted >= r.quorum {
 		// Raise the fence on the nodes that granted, including those
 		// that grant while this runs: raising a counter is safe on any
@@ -594,20 +609,25 @@ func (r *Redlock) Acquire(ctx context.Context, key, token string, ttl time.Durat
 			}
 			ok, err := n.run(ctx, raiseScript, raiseKeys, token, fence).Int64()
 			if err == nil && ok == 0 {
-				err = errors.New("lock expired before the fence was raised")
+				err = errExpiredBeforeRaise
 			}
 			return err
 		}, r.majorityDecided(nil), nil)
-		raised, _, _ := count(rerrs, nil)
+		raised, expired, _ := count(rerrs, errExpiredBeforeRaise)
 		nGranted = raised
-		validity := ttl - time.Since(start) - ttl/100 - 2*time.Millisecond
+		took = time.Since(start)
+		validity := ttl - took - ttl/100 - 2*time.Millisecond
 		if raised >= r.quorum && validity > 0 {
 			result.granted = true
 			return backend.Grant{Fence: uint64(fence), TTL: granted(ttl)}, nil
 		}
 		errs = rerrs
 		if validity <= 0 {
-			errs = append(errs, fmt.Errorf("quorum took %v of the %v TTL", time.Since(start).Round(time.Millisecond), ttl))
+			errs = append(errs, fmt.Errorf("quorum took %v of the %v TTL", took.Round(time.Millisecond), ttl))
+			// A majority answered the raise (raised, or its lock
+			// had expired already): the nodes answer, and granted
+			// this attempt, but too late to hold the lock.
+			tooLate = raised+expired >= r.quorum
 		}
 	}
 
@@ -629,6 +649,11 @@ func (r *Redlock) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	switch {
 	case heldElsewhere:
 		return backend.Grant{}, backend.Locked(remaining)
+	case tooLate && ctx.Err() == nil:
+		// Nobody else holds the key and the nodes answer: another
+		// attempt may well be in time. ErrContended has package lock
+		// try again (a TryAcquire for about a TTL).
+		return backend.Grant{}, fmt.Errorf("redis: redlock: the quorum came too late: it took %v, longer than the %v TTL less drift, so no validity was left; the grants were undone: %w", took.Round(time.Millisecond), ttl, backend.ErrContended)
 	case len(votes) > 0 && ctx.Err() == nil:
 		// Nobody has a majority, and concurrent attempts took the
 		// nodes we lack: a split vote.
