@@ -89,3 +89,51 @@ func TestTokenPrefix(t *testing.T) {
 		}
 	}
 }
+
+// failingRenewals is prefixing whose renewals fail (the store does not
+// answer) and which records the releases it was asked for.
+type failingRenewals struct {
+	*prefixing
+	released chan string
+}
+
+func (f *failingRenewals) Renew(context.Context, string, string, time.Duration) (backend.Grant, error) {
+	return backend.Grant{}, errors.New("no answer")
+}
+
+func (f *failingRenewals) Release(ctx context.Context, key, token string) error {
+	select {
+	case f.released <- token:
+	default:
+	}
+	return f.prefixing.Release(ctx, key, token)
+}
+
+// A lease whose token names the backend's session, lost at its deadline
+// because its renewals failed, is released in the background: its lock
+// could live on with its session, which the client's other leases renew.
+func TestPrefixedLeaseLostAtItsDeadlineIsReleased(t *testing.T) {
+	ctx := context.Background()
+	b := &failingRenewals{prefixing: &prefixing{Backend: memory.New(), prefix: "Sabcdefg"}, released: make(chan string, 1)}
+	c, err := lock.New(b, lock.WithTTL(200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	l, err := c.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-l.Done() // waits out the TTL: the renewals fail
+	if !errors.Is(l.Err(), lock.ErrLost) {
+		t.Fatalf("lease: %v; want ErrLost", l.Err())
+	}
+	select {
+	case tok := <-b.released:
+		if tok != l.Token() {
+			t.Errorf("released token %q; want the lost lease's %q", tok, l.Token())
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the lease lost at its deadline was not released within 5s")
+	}
+}
