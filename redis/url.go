@@ -322,29 +322,20 @@ func takeOwnParams(u *url.URL) ([]Option, url.Values, error) {
 		opts = append(opts, WithPrefix(v[0]))
 		q.Del("prefix")
 	}
-	if v, ok := q["durablefence"]; ok {
+	for _, p := range []struct {
+		name string
+		set  func(bool) Option
+	}{{"durablefence", WithDurableFence}, {"slotfences", WithSlotFenceCounters}, {"sessions", WithSessions}} {
+		v, ok := q[p.name]
+		if !ok {
+			continue
+		}
 		on, err := strconv.ParseBool(v[0])
 		if err != nil {
-			return nil, nil, fmt.Errorf("%w: redis: durablefence=%q: want true or false", backend.ErrInvalid, v[0])
+			return nil, nil, fmt.Errorf("%w: redis: %s=%q: want true or false", backend.ErrInvalid, p.name, v[0])
 		}
-		opts = append(opts, WithDurableFence(on))
-		q.Del("durablefence")
-	}
-	if v, ok := q["slotfences"]; ok {
-		on, err := strconv.ParseBool(v[0])
-		if err != nil {
-			return nil, nil, fmt.Errorf("%w: redis: slotfences=%q: want true or false", backend.ErrInvalid, v[0])
-		}
-		opts = append(opts, WithSlotFenceCounters(on))
-		q.Del("slotfences")
-	}
-	if v, ok := q["sessions"]; ok {
-		on, err := strconv.ParseBool(v[0])
-		if err != nil {
-			return nil, nil, fmt.Errorf("%w: redis: sessions=%q: want true or false", backend.ErrInvalid, v[0])
-		}
-		opts = append(opts, WithSessions(on))
-		q.Del("sessions")
+		opts = append(opts, p.set(on))
+		q.Del(p.name)
 	}
 	if v, ok := q["maxttl"]; ok {
 		d, err := time.ParseDuration(v[0])
