@@ -110,11 +110,14 @@ func TestRedlockTryAcquireGivesUpOnQuorumsLaterThanTheTTL(t *testing.T) {
 	if !strings.Contains(err.Error(), "quorum came too late") {
 		t.Errorf("TryAcquire's error %q does not say that the quorum came too late", err)
 	}
-	// One attempt here takes about 3 delays; the first is already past
-	// the TTL, so there is no second.
-	if bound := 5 * delay; took > bound {
-		t.Errorf("TryAcquire took %v; want one attempt, within %v: it kept trying past the TTL", took.Round(time.Millisecond), bound)
+	// The first attempt is already past the TTL, so there is no second:
+	// the error counts the attempts. (Before the fix, TryAcquire went on
+	// for 64 attempts of about 3 delays each, near a minute; the time is
+	// logged, not asserted, as a loaded machine stretches it.)
+	if !strings.Contains(err.Error(), "gave up: 1 attempt(s)") {
+		t.Errorf("TryAcquire's error %q after %v: want it to give up after one attempt (\"gave up: 1 attempt(s)\"): it kept trying past the TTL", err, took.Round(time.Millisecond))
 	}
+	t.Logf("TryAcquire gave up after %v", took.Round(time.Millisecond))
 	l, err := locks.TryAcquire(context.Background(), "late")
 	if err != nil {
 		t.Fatalf("TryAcquire after the late quorums: %v; want the key free (the attempts' grants undone)", err)

@@ -8,11 +8,12 @@ import (
 )
 
 // The CI budget, in seeds: each run has about 140 critical sections. The
-// single node's (with and without sessions together) is what the
-// histories need (TestSimFindsHistories): X1 to X3 took up to 60, 100+
-// and 159 seeds in runs of the day.
+// single node's is what the histories need (TestSimFindsHistories): X1 to
+// X3 took up to 60, 100+ and 159 seeds in runs of the day, and X1 was not
+// found in 200 once. Sessions (TestSimRedisSessions) have a budget of
+// their own.
 const (
-	redisBudget         = 200
+	redisBudget         = 300
 	redisSessionsBudget = 100
 	redlockBudget       = 25
 )
