@@ -200,7 +200,7 @@ func newSID() string {
 func (ss *sessions) current(ttl time.Duration) (*session, error) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	if ss.b.closed.Load() {
+	if ss.ctx.Err() != nil || ss.b.closed.Load() {
 		return nil, backend.ErrClosed
 	}
 	s := ss.byTTL[ttl]
@@ -505,7 +505,9 @@ func (ss *sessions) forget(s *session) {
 
 // close stops the walks. The sessions' keys expire by themselves.
 func (ss *sessions) close() {
-	ss.stop()
+	ss.mu.Lock()
+	ss.stop() // under mu: current starts no walks after it
+	ss.mu.Unlock()
 	ss.wg.Wait()
 }
 
