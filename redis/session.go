@@ -70,11 +70,15 @@ import (
 // session expires no earlier than s + sessionSpan TTLs: a lock in the
 // table all along was extended after s, and a lock added during the walk
 // was granted with that span after s. This bound is the session's
-// horizon, and a renewal grants the TTL only when the horizon lies a TTL
-// or more after its send; otherwise it fails with an error of unknown
-// outcome (the lease is lost at its deadline if the passes do not catch
-// up), never with a deadline the lock key may not reach. Before its first
-// walk completes, the horizon is the session's creation plus the span.
+// horizon, and a renewal grants the TTL only when the horizon lies
+// sessionMargin TTLs or more after its send (one for the lease, one for
+// the clocks' drift over the span); otherwise it fails with an error of
+// unknown outcome (the lease is lost at its deadline if the walks do not
+// catch up), never with a deadline the lock key may not reach. Before its
+// first walk completes, the horizon is the session's creation plus the
+// span. A walk that fails (its reply lost, the server slow) leaves the
+// horizon where it was; a walk runs every sessionPass TTLs, so a renewal
+// is refused only after walks have failed for about 3.5 TTLs.
 //
 // A lease whose renewals stop while its session lives on (the lease was
 // lost at its deadline because its own renewal came too late, or it
@@ -123,6 +127,9 @@ const (
 	// sessionPass is how many TTLs lie between the starts of two walks of
 	// a session's lock table.
 	sessionPass = 2.5
+	// sessionMargin is how many TTLs the session's horizon must lie
+	// beyond a renewal's send for the renewal to grant the TTL.
+	sessionMargin = 2
 	// sessionWalkStep is how many fields one step of a walk asks HSCAN
 	// for: the work of one script on the server stays well under a
 	// millisecond.
@@ -193,7 +200,7 @@ func newSID() string {
 func (ss *sessions) current(ttl time.Duration) (*session, error) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	if ss.b.closed.Load() {
+	if ss.ctx.Err() != nil || ss.b.closed.Load() {
 		return nil, backend.ErrClosed
 	}
 	s := ss.byTTL[ttl]
@@ -387,7 +394,7 @@ func (ss *sessions) renew(ctx context.Context, rs []backend.Renewal, out []backe
 				out[i].Err = storeErr("renew", err)
 			case res[k] == 0:
 				out[i].Err = backend.ErrNotHeld
-			case horizon.Sub(x.at) < r.TTL:
+			case horizon.Sub(x.at) < sessionMargin*r.TTL:
 				out[i].Err = storeErr("renew", fmt.Errorf("the session's lock keys are known to live only %v more, less than the TTL: its refresh walks are late", horizon.Sub(x.at).Round(time.Millisecond)))
 			default:
 				out[i].Grant = backend.Grant{TTL: granted(r.TTL)}
@@ -498,7 +505,9 @@ func (ss *sessions) forget(s *session) {
 
 // close stops the walks. The sessions' keys expire by themselves.
 func (ss *sessions) close() {
-	ss.stop()
+	ss.mu.Lock()
+	ss.stop() // under mu: current starts no walks after it
+	ss.mu.Unlock()
 	ss.wg.Wait()
 }
 

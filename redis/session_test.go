@@ -303,3 +303,46 @@ func TestSessionCutOffLosesItsLocksBeforeOthersTakeThem(t *testing.T) {
 		t.Errorf("Inspect: %+v, %v; want the other client's lease %s", h, err, lo.Token())
 	}
 }
+
+// Walks that fail (here the session's table is clobbered, so that every
+// walk's HSCAN errs) stop extending the session's lock keys: renewals then
+// stop granting before the horizon, and the lease is lost by its deadline
+// while its lock key still lives. Nobody else can take the key while the
+// lease is valid; without the horizon check, the lease would renew on past
+// its lock key's expiry (sessionSpan TTLs after the grant).
+func TestSessionLateWalksEndTheLeaseBeforeItsLockExpires(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	ctx := context.Background()
+	ttl := 200 * time.Millisecond
+	a := sessionClient(t, srv, lock.WithTTL(ttl))
+	other := sessionClient(t, srv, lock.WithTTL(ttl))
+	l, err := a.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := newGoRedis(t, srv.Addr)
+	tables, err := rdb.Keys(ctx, "lock:session:*:locks").Result()
+	if err != nil || len(tables) != 1 {
+		t.Fatalf("session tables %q, %v; want one", tables, err)
+	}
+	if err := rdb.Set(ctx, tables[0], "not a hash", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * ttl); ; {
+		if time.Now().After(deadline) {
+			t.Fatal("the lease whose walks fail is still held after 30 TTLs")
+		}
+		if lo, err := other.TryAcquire(ctx, "k"); err == nil {
+			left := time.Until(l.Deadline())
+			lo.Release(ctx)
+			if left > 0 {
+				t.Fatalf("another client took the key while the lease was valid (%v left): the lock key expired under it", left)
+			}
+			break
+		}
+		time.Sleep(ttl / 10) // poll the store while the walks fail
+	}
+	if !errors.Is(l.Err(), lock.ErrLost) {
+		t.Errorf("lease: %v; want ErrLost", l.Err())
+	}
+}
