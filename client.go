@@ -237,8 +237,8 @@ func (c *Client) tokenFor(cfg *config) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if len(p) > backend.MaxTokenPrefix || p != "" && strings.Trim(p, "0123456789abcdef") == "" {
-		return "", fmt.Errorf("%w: the backend's token prefix %q is not one of at most %d bytes with a byte other than a hexadecimal digit (backend.TokenPrefixer)", backend.ErrInvalid, p, backend.MaxTokenPrefix)
+	if len(p) > backend.MaxTokenPrefix || p != "" && !prefixed(p) {
+		return "", fmt.Errorf("%w: the backend's token prefix %q is not one of at most %d bytes that starts with a byte other than a hexadecimal digit (backend.TokenPrefixer)", backend.ErrInvalid, p, backend.MaxTokenPrefix)
 	}
 	return p + t[len(p):], nil
 }

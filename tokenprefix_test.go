@@ -76,6 +76,7 @@ func TestTokenPrefix(t *testing.T) {
 	}{
 		{"S123456789", nil}, // too long
 		{"0123abcd", nil},   // hexadecimal digits alone: a token without a prefix
+		{"0S", nil},         // a hexadecimal digit first
 		{"S", backend.ErrClosed},
 	} {
 		b.prefix, b.err = bad.prefix, bad.err

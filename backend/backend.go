@@ -339,8 +339,8 @@ var ErrHandedOnBefore = errors.New("lock: the from token handed the lock on (or 
 // hold time) is released in the background: its lock may live on with its
 // session. It fills the token to 32 bytes with
 // random hexadecimal digits, so the prefix may be at most 8 bytes long,
-// leaves at least 96 random bits, and must not hold the hexadecimal digits
-// alone (a token without a prefix is 32 of them): a prefix "S" followed by
+// leaves at least 96 random bits, and must not start with a hexadecimal
+// digit (a token without a prefix is 32 of them): a prefix "S" followed by
 // seven characters, say. The backend must accept tokens without a prefix
 // too (those of a lease made before, or by another client).
 //
