@@ -808,7 +808,10 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	if sk := b.opts.slotFenceKey(lk); sk != "" {
 		ks = append(ks, sk)
 	}
-	sent := time.Now()
+	var sent time.Time // with sessions only: the send the session's touch counts from
+	if b.sessions != nil {
+		sent = time.Now()
+	}
 	res, err := b.batch.run(ctx, b.sc.acquire, ks, st, ms(ttl), queueKeyOf(lk), recordPrefixOf(lk)).Int64()
 	if err != nil {
 		return backend.Grant{}, b.acquireErr(token, err)
