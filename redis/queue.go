@@ -614,7 +614,15 @@ func (p *place) subscribe(ctx context.Context, ch string) error {
 // for the place id with record rec when id is not "". It returns the
 // script's answer: 1 released (now or before), 0 not held.
 func (b *Backend) releaseWith(ctx context.Context, lk, token, rec, id string) (int64, error) {
-	token = b.stored(token)
+	n, err := b.releaseOnce(ctx, lk, b.stored(token), rec, id)
+	if b.sessions != nil {
+		b.sessions.released(lk, token, err == nil)
+	}
+	return n, err
+}
+
+// releaseOnce is releaseWith for token as the store holds it (stored).
+func (b *Backend) releaseOnce(ctx context.Context, lk, token, rec, id string) (int64, error) {
 	ks := []string{lk, deadKeyOf(lk, token), fenceKeyOf(lk), queueKeyOf(lk), rec}
 	if rec == "" {
 		ks[4] = recordPrefixOf(lk) // a key of the slot; unused without an id

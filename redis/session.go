@@ -102,6 +102,10 @@ import (
 //     its table expired, can begin it and take a free lock, which expires
 //     a TTL later with nobody renewing it (as a late acquire does without
 //     sessions once its token's tombstone is gone).
+//   - A release of unknown outcome (its reply lost, its context ended)
+//     may not have reached the server, and the session's walks would
+//     extend its lock for as long as the session lives: the session sends
+//     it again after each walk until its outcome is known (see released).
 //   - A server restarted empty forgets the session keys with the locks.
 //
 // # The cost
@@ -173,7 +177,13 @@ type session struct {
 	horizon time.Time // every lock of the session expires no earlier
 	ended   bool      // its key expired: every lease of it is lost
 	touched time.Time // send of the latest grant or renewal the store confirmed
+	// unreleased are the session's locks whose release had an unknown
+	// outcome; each walk sends their releases again (see resend).
+	unreleased map[lockOf]struct{}
 }
+
+// lockOf names one lock of a session: its lock key and its holder's token.
+type lockOf struct{ lk, token string }
 
 func newSessions(b *Backend) *sessions {
 	ctx, stop := context.WithCancel(context.Background())
@@ -464,6 +474,7 @@ func (ss *sessions) walks(s *session) {
 			s.horizon = start.Add(sessionSpan * s.ttl)
 			s.mu.Unlock()
 		}
+		ss.resend(s)
 		t.Reset(max(0, period-time.Since(start)))
 	}
 }
@@ -488,6 +499,63 @@ func (ss *sessions) walk(s *session) (ended bool, err error) {
 		if cursor == "0" {
 			return false, nil
 		}
+	}
+}
+
+// released records the outcome of a release of token's lock lk: known
+// (the store answered) or not. A release of unknown outcome may not have
+// reached the server, and a lock of a session does not expire by itself
+// while the session lives: its walks extend every lock in its table, for
+// as long as other leases of the session keep renewing it. So the lock
+// would outlive its holder's release by any amount, where without
+// sessions it expires a TTL later at most. The session keeps it among its
+// unreleased locks until a release of it has a known outcome: each walk
+// sends the release again (resend), and a release that package lock sends
+// again (its cleanup) takes it out as well.
+//
+// Why sending a release again keeps every promise: a release is checked
+// by token, and a token is for one acquisition, so it can free only the
+// lock of that acquisition, never another owner's; a release of a lock
+// already released answers from the token's tombstone and changes
+// nothing. What it bounds: such a lock is free at the first walk that
+// reaches the server after the release, sessionPass TTLs at most after
+// the fault ends, or when the session ends.
+func (ss *sessions) released(lk, token string, known bool) {
+	s := ss.lookup(token)
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case known:
+		delete(s.unreleased, lockOf{lk, token})
+	case s.unreleased == nil:
+		s.unreleased = map[lockOf]struct{}{{lk, token}: {}}
+	default:
+		s.unreleased[lockOf{lk, token}] = struct{}{}
+	}
+}
+
+// resend sends the releases of s's unreleased locks again, one after
+// another, within a TTL (see released).
+func (ss *sessions) resend(s *session) {
+	s.mu.Lock()
+	ls := make([]lockOf, 0, len(s.unreleased))
+	for l := range s.unreleased {
+		ls = append(ls, l)
+	}
+	s.mu.Unlock()
+	if len(ls) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ss.ctx, s.ttl)
+	defer cancel()
+	for _, l := range ls {
+		if ctx.Err() != nil {
+			return
+		}
+		ss.b.releaseWith(ctx, l.lk, l.token, "", "") // records its outcome
 	}
 }
 

@@ -346,3 +346,65 @@ func TestSessionLateWalksEndTheLeaseBeforeItsLockExpires(t *testing.T) {
 		t.Errorf("lease: %v; want ErrLost", l.Err())
 	}
 }
+
+// A release whose request never reached the server (its outcome unknown)
+// must not leave its lock to the session: the session's walks extend every
+// lock in its table for as long as other leases keep the session alive, so
+// the lock would outlive its release by any amount (without sessions it
+// expires a TTL later). The backend sends the release again at the
+// session's next walk, and the lock is free soon after, while the
+// session's other lease stays held.
+func TestSessionReleaseOfUnknownOutcomeIsSentAgain(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	ctx := context.Background()
+	ttl := 300 * time.Millisecond
+	px := faultproxy.Start(t, srv.Addr)
+	rdb := goredis.NewClient(&goredis.Options{Addr: px.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { rdb.Close() })
+	be := redis.New(rdb, redis.WithSessions(true))
+	defer be.Close()
+	prefix, err := be.TokenPrefix(ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := func(n int) string { return prefix + fmt.Sprintf("%032x", n)[len(prefix):] }
+	ta, tb := token(1), token(2)
+	for _, l := range []struct{ key, token string }{{"a", ta}, {"b", tb}} {
+		if _, err := be.Acquire(ctx, l.key, l.token, ttl); err != nil {
+			t.Fatalf("Acquire %s: %v", l.key, err)
+		}
+	}
+	px.Cut()
+	rctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	err = be.Release(rctx, "a", ta)
+	cancel()
+	if err == nil || errors.Is(err, backend.ErrNotHeld) {
+		t.Fatalf("Release through a cut connection: %v; want an error of unknown outcome", err)
+	}
+	px.Reset() // the held release never reaches the server
+	px.Heal()
+	watch := redis.New(newGoRedis(t, srv.Addr), redis.WithSessions(true))
+	defer watch.Close()
+	// The session's walks come every 2.5 TTLs; a lock key lives 8 TTLs
+	// from its grant without them.
+	deadline := time.Now().Add(5 * ttl)
+	for {
+		if _, err := be.Renew(ctx, "b", tb, ttl); err != nil {
+			t.Fatalf("Renew b, the session's other lease: %v", err)
+		}
+		h, err := watch.Inspect(ctx, "a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !h.Held {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the lock of a release of unknown outcome is still held %v after the fault ended, by %s, while the session lives on", 5*ttl, h.Token)
+		}
+		time.Sleep(ttl / 3) // renew b on time, as package lock would
+	}
+	if h, err := watch.Inspect(ctx, "b"); err != nil || h.Token != tb {
+		t.Errorf("Inspect b: %+v, %v; want the session's other lease still held", h, err)
+	}
+}
