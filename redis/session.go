@@ -101,7 +101,12 @@ import (
 //     a late grant for a session that has not yet begun, arriving after
 //     its table expired, can begin it and take a free lock, which expires
 //     a TTL later with nobody renewing it (as a late acquire does without
-//     sessions once its token's tombstone is gone).
+//     sessions once its token's tombstone is gone). A grant for a live
+//     session delayed longer than a tombstone lives (15s) arrives after
+//     the cleanup release of its unknown outcome had its answer, and takes
+//     a free lock into the session: that lock then lives as long as the
+//     session does, where without sessions it expires a TTL later. The
+//     session stays live only while the process renews leases of its TTL.
 //   - A release of unknown outcome (its reply lost, its context ended)
 //     may not have reached the server, and the session's walks would
 //     extend its lock for as long as the session lives: the session sends
