@@ -126,7 +126,7 @@ var (
 // (see session.go).
 var (
 	placeAcquireLua = `
-if redis.call('EXISTS', KEYS[3]) == 1 then
+if redis.call('EXISTS', KEYS[3]) == 1 or buried(ARGV[1]) then
   return redis.error_reply('DEAD token released before')
 end
 if not join(ARGV[1], ARGV[2]) then
@@ -616,7 +616,7 @@ func (p *place) subscribe(ctx context.Context, ch string) error {
 func (b *Backend) releaseWith(ctx context.Context, lk, token, rec, id string) (int64, error) {
 	n, err := b.releaseOnce(ctx, lk, b.stored(token), rec, id)
 	if b.sessions != nil {
-		b.sessions.released(lk, token, err == nil)
+		b.sessions.released(ctx, lk, token, err == nil)
 	}
 	return n, err
 }

@@ -552,7 +552,7 @@ if ARGV[3] then
 else
   n = redis.call('EXISTS', KEYS[3])
 end
-if n > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
+if n > 0 and redis.call('EXISTS', KEYS[3]) == 1 or buried(ARGV[1]) then
   return redis.error_reply('DEAD token released before')
 end
 if not join(ARGV[1], ARGV[2]) then
@@ -778,9 +778,13 @@ func storeErr(op string, err error) error {
 // nothing, and the next attempt joins a new one (see session.go);
 // anything else is an unknown outcome.
 func (b *Backend) acquireErr(token string, err error) error {
-	if goredis.HasErrorPrefix(err, "ENDED") && b.sessions != nil {
+	switch {
+	case b.sessions == nil || goredis.HasErrorPrefix(err, "DEAD"):
+	case goredis.HasErrorPrefix(err, "ENDED"):
 		b.sessions.ended(token)
 		return fmt.Errorf("%w: %w", errSessionEnded, backend.ErrContended)
+	default:
+		b.sessions.doubt(token) // the grant may still arrive
 	}
 	return acquireErr(err)
 }

@@ -103,10 +103,10 @@ import (
 //     a TTL later with nobody renewing it (as a late acquire does without
 //     sessions once its token's tombstone is gone). A grant for a live
 //     session delayed longer than a tombstone lives (15s) arrives after
-//     the cleanup release of its unknown outcome had its answer, and takes
-//     a free lock into the session: that lock then lives as long as the
-//     session does, where without sessions it expires a TTL later. The
-//     session stays live only while the process renews leases of its TTL.
+//     the cleanup release of its unknown outcome had its answer: the
+//     release buried its token in the session's table, and the grant is
+//     refused (see doubt); else it would take a free lock into the
+//     session, which would keep it as long as the session lives.
 //   - A release of unknown outcome (its reply lost, its context ended)
 //     may not have reached the server, and the session's walks would
 //     extend its lock for as long as the session lives: the session sends
@@ -185,6 +185,9 @@ type session struct {
 	// unreleased are the session's locks whose release had an unknown
 	// outcome; each walk sends their releases again (see resend).
 	unreleased map[lockOf]struct{}
+	// doubtful are the tokens of grants of unknown outcome: their
+	// releases bury them too (see bury).
+	doubtful map[string]struct{}
 }
 
 // lockOf names one lock of a session: its lock key and its holder's token.
@@ -433,14 +436,14 @@ local r = redis.call('HSCAN', KEYS[1], ARGV[1], 'COUNT', ` + fmt.Sprint(sessionW
 local f = r[2]
 local ks = {}
 for i = 1, #f, 2 do
-  if f[i] ~= '' then ks[#ks + 1] = f[i] end
+  if f[i] ~= '' and string.byte(f[i]) ~= 64 then ks[#ks + 1] = f[i] end
 end
 if #ks > 0 then
   local vs = redis.call('MGET', unpack(ks))
   local mine = '@' .. KEYS[2]
   local j = 0
   for i = 1, #f, 2 do
-    if f[i] ~= '' then
+    if f[i] ~= '' and string.byte(f[i]) ~= 64 then
       j = j + 1
       local k, v, t = f[i], vs[j], f[i + 1]
       if v == t .. mine or v == t .. mine .. '+' then
@@ -525,10 +528,26 @@ func (ss *sessions) walk(s *session) (ended bool, err error) {
 // nothing. What it bounds: such a lock is free at the first walk that
 // reaches the server after the release, sessionPass TTLs at most after
 // the fault ends, or when the session ends.
-func (ss *sessions) released(lk, token string, known bool) {
+//
+// A release of a doubtful token (its grant's outcome was unknown) buries
+// the token once the store answered the release; until then, it counts as
+// unreleased.
+func (ss *sessions) released(ctx context.Context, lk, token string, known bool) {
 	s := ss.lookup(token)
 	if s == nil {
 		return
+	}
+	s.mu.Lock()
+	_, doubtful := s.doubtful[token]
+	s.mu.Unlock()
+	if known && doubtful {
+		if err := ss.b.batch.run(ctx, sessionBuryScript, []string{s.table}, token).Err(); err == nil {
+			s.mu.Lock()
+			delete(s.doubtful, token)
+			s.mu.Unlock()
+		} else {
+			known = false // the next walk sends the release and this again
+		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -541,6 +560,42 @@ func (ss *sessions) released(lk, token string, known bool) {
 		s.unreleased[lockOf{lk, token}] = struct{}{}
 	}
 }
+
+// doubt records that a grant for token had an unknown outcome: it may
+// still arrive, take a free key and enter the session.
+//
+// Why its release buries it: without sessions, such a late grant is
+// refused while the token's tombstone lives (15s; see Dead tokens in
+// redis.go), and after that it takes a lock that expires a TTL later. A
+// session would keep that lock for as long as the session lives, since
+// its walks extend every lock in its table. So the release of a doubtful
+// token also writes the field "@TOKEN" into the session's lock table
+// (sessionBuryScript), where the grant scripts look for it (buried): a
+// grant for a buried token is refused as for a dead one, for as long as
+// the session's table lives, which is longer than the session. The
+// fields are few (one per grant of unknown outcome) and go with the
+// table; the walks skip them.
+func (ss *sessions) doubt(token string) {
+	s := ss.lookup(token)
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.doubtful == nil {
+		s.doubtful = map[string]struct{}{}
+	}
+	s.doubtful[token] = struct{}{}
+}
+
+// sessionBuryScript: KEYS = a session's lock table; ARGV = a token. Buries
+// the token (see doubt), unless the table is gone: the session then ended
+// long ago, and no grant for it takes anything.
+var sessionBuryScript = goredis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('HSET', KEYS[1], '@' .. ARGV[1], '')
+end
+return 1`)
 
 // resend sends the releases of s's unreleased locks again, one after
 // another, within a TTL (see released).
@@ -614,6 +669,7 @@ func plainScript(src string) string {
 		{"pttl", func(a []string) string { return "redis.call('PTTL', " + a[0] + ")" }},
 		{"join", func([]string) string { return "true" }},
 		{"alive", func([]string) string { return "true" }},
+		{"buried", func([]string) string { return "false" }},
 		{"span", func(a []string) string { return a[1] }},
 		{"enter", func([]string) string { return "" }},
 		{"leave", func([]string) string { return "" }},
@@ -734,6 +790,10 @@ end
 local function alive(v)
   local s = sessionOf(v)
   return not s or redis.call('EXISTS', s) == 1
+end
+local function buried(v)
+  local s, t = sessionOf(v)
+  return s ~= nil and redis.call('HEXISTS', s .. ':locks', '@' .. t) == 1
 end
 `
 

@@ -408,3 +408,68 @@ func TestSessionReleaseOfUnknownOutcomeIsSentAgain(t *testing.T) {
 		t.Errorf("Inspect b: %+v, %v; want the session's other lease still held", h, err)
 	}
 }
+
+// A grant of unknown outcome that arrives after its token's cleanup
+// release and after the token's tombstone expired (a request stuck on the
+// wire for longer than 15s; here the tombstone is deleted instead) would
+// take a free key into a live session, whose walks would keep it for as
+// long as the session lives. The release of such a token buries it in the
+// session's table, and the late grant is refused as for a dead token.
+func TestSessionLateGrantOfABuriedTokenTakesNothing(t *testing.T) {
+	srv := redistest.Start(t, redistest.NoPersistence)
+	ctx := context.Background()
+	ttl := time.Second
+	px := faultproxy.Start(t, srv.Addr)
+	rdb := goredis.NewClient(&goredis.Options{Addr: px.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { rdb.Close() })
+	be := redis.New(rdb, redis.WithSessions(true))
+	defer be.Close()
+	prefix, err := be.TokenPrefix(ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := func(n int) string { return prefix + fmt.Sprintf("%032x", n)[len(prefix):] }
+	ta, tb := token(1), token(2)
+	if _, err := be.Acquire(ctx, "b", tb, ttl); err != nil {
+		t.Fatalf("Acquire b: %v", err)
+	}
+	px.Freeze(faultproxy.ToServer) // the connection the acquire of a goes out on
+	actx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	_, err = be.Acquire(actx, "a", ta, ttl)
+	cancel()
+	if err == nil || errors.Is(err, backend.ErrInvalid) {
+		t.Fatalf("Acquire through a frozen connection: %v; want an error of unknown outcome", err)
+	}
+	// The cleanup release goes out on a new connection and is answered.
+	if err := be.Release(ctx, "a", ta); !errors.Is(err, backend.ErrNotHeld) {
+		t.Fatalf("cleanup Release: %v; want ErrNotHeld (the acquire has not arrived)", err)
+	}
+	direct := newGoRedis(t, srv.Addr)
+	tombs, err := direct.Keys(ctx, "lock:{a}:dead:*").Result()
+	if err != nil || len(tombs) != 1 {
+		t.Fatalf("tombstones of a: %q, %v; want one", tombs, err)
+	}
+	if err := direct.Del(ctx, tombs[0]).Err(); err != nil { // as if 15s had passed
+		t.Fatal(err)
+	}
+	if _, err := be.Renew(ctx, "b", tb, ttl); err != nil {
+		t.Fatalf("Renew b, which keeps the session alive: %v", err)
+	}
+	px.Thaw(faultproxy.ToServer) // the acquire of a arrives
+	for {
+		h, err := direct.Info(ctx, "errorstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(h, "errorstat_DEAD:") {
+			break
+		}
+		if held, err := be.Inspect(ctx, "a"); err != nil || held.Held {
+			t.Fatalf("the late grant of a token released before took the key into the live session: %+v, %v", held, err)
+		}
+		time.Sleep(time.Millisecond) // poll the server until the late grant ran
+	}
+	if h, err := be.Inspect(ctx, "a"); err != nil || h.Held {
+		t.Errorf("Inspect a after the late grant: %+v, %v; want free", h, err)
+	}
+}
