@@ -28,6 +28,7 @@ type harness struct {
 	t        *testing.T
 	srv      *serverproc.Process
 	requests atomic.Int64 // gRPC calls and stream messages of every client
+	sessions bool         // the backends share leases (etcd.WithSessions)
 }
 
 // Requests implements conformance.RequestCounter: the gRPC calls the
@@ -99,7 +100,7 @@ func (o *owned) Close() error {
 func (h *harness) NewBackend(context.Context) (backend.Backend, error) {
 	px, px2 := faultproxy.Start(h.t, h.srv.Addr), faultproxy.Start(h.t, h.srv.Addr)
 	cli := countingClient(h.t, &h.requests, px.Addr, px2.Addr)
-	b, err := etcd.New(cli, etcd.WithElectionTimeout(electionTimeout), etcd.WithMaxTTL(harnessMaxTTL))
+	b, err := etcd.New(cli, etcd.WithElectionTimeout(electionTimeout), etcd.WithMaxTTL(harnessMaxTTL), etcd.WithSessions(h.sessions))
 	if err != nil {
 		cli.Close()
 		px.Close()
@@ -125,7 +126,7 @@ func (h *harness) Capabilities() backend.Capabilities {
 // ContenderURL implements conformance.ProcessContenders: helper processes
 // reach the member directly, with the harness's maximum TTL.
 func (h *harness) ContenderURL(context.Context) (string, error) {
-	return fmt.Sprintf("etcd://%s?electiontimeout=%v&maxttl=%v", h.srv.Addr, electionTimeout, harnessMaxTTL), nil
+	return fmt.Sprintf("etcd://%s?electiontimeout=%v&maxttl=%v&sessions=%v", h.srv.Addr, electionTimeout, harnessMaxTTL, h.sessions), nil
 }
 
 // harnessMaxTTL is the harness's maximum TTL, raised from the default

@@ -82,10 +82,11 @@
 // processes costs two requests: the waiter's attempt and the release that
 // hands it the lock.
 //
-// A lease never carries two locks at once: one lease shared by several
-// locks would save more, but renewing one lock would then extend the
-// others, and a lock whose owner stopped renewing could outlive its TTL by
-// any amount. A lease joins the pool only when the store confirmed it
+// Without WithSessions, a lease never carries two locks at once: renewing
+// one lock would then extend the others, and a lock whose owner stopped
+// renewing could outlive its TTL by any amount. WithSessions shares a
+// lease among the locks of a client that renew themselves, with the rules
+// that bound this (see Sessions in sessions.go). A lease joins the pool only when the store confirmed it
 // carries nothing: never after an acquire whose outcome is unknown (its
 // transaction may still arrive and attach a key, and the revoke that undoes
 // it may arrive after the release that deleted the key, where it would
@@ -162,8 +163,10 @@
 // instead of taking the lock with nobody to release it, and lets a release
 // sent again after it took effect answer nil again. A release that finds
 // the key not held also revokes the lease of the token's acquire, if this
-// backend made it, so that a late acquire transaction finds no lease to
-// attach the key to. A request delayed longer than DeadTokenTTL can still
+// backend made it for that lock alone, so that a late acquire
+// transaction finds no lease to attach the key to; for a lock on a
+// session's lease, the token's tombstone goes under that lease instead
+// (see sessions.go). A request delayed longer than DeadTokenTTL can still
 // take the lock; it then expires after its TTL.
 //
 // # Keys
@@ -190,6 +193,8 @@
 //	                 to MaxElectionTimeout (default 1s; WithElectionTimeout)
 //	maxttl           the longest TTL granted, MinTTL to lock.MaxTTL
 //	                 (default DefaultMaxTTL, 1m; WithMaxTTL)
+//	sessions         true: the self-renewing locks of one TTL share a
+//	                 lease (WithSessions; default false)
 //	ca_file          etcds only: PEM file of the CAs to trust instead of
 //	                 the system's roots
 //	cert_file        etcds only: client certificate (PEM), with key_file,
@@ -280,6 +285,7 @@ type options struct {
 	maxTTL          time.Duration
 	closeClient     bool
 	tls             *tlsCreds // the client's TLS, when opened from an etcds:// URL
+	sessions        bool      // WithSessions
 }
 
 func defaultOptions() options {
@@ -319,14 +325,15 @@ func withCloseClient() Option { return func(o *options) { o.closeClient = true }
 // Backend is the etcd backend. It implements backend.Backend,
 // backend.Notifier, backend.Describer and backend.Inspector.
 type Backend struct {
-	cli     *clientv3.Client
-	opts    options
-	leases  *leases
-	ka      refresher
-	tombs   tombLease
-	queues  *queues
-	waiters *waitq.Group // the places of queues, and their leaves
-	closed  atomic.Bool
+	cli      *clientv3.Client
+	opts     options
+	leases   *leases
+	ka       refresher
+	tombs    tombLease
+	queues   *queues
+	waiters  *waitq.Group // the places of queues, and their leaves
+	sessions *sessions    // nil without WithSessions
+	closed   atomic.Bool
 }
 
 var (
@@ -334,6 +341,8 @@ var (
 	_ backend.Queuer    = (*Backend)(nil)
 	_ backend.Describer = (*Backend)(nil)
 	_ backend.Inspector = (*Backend)(nil)
+
+	_ backend.TokenPrefixer = (*Backend)(nil)
 )
 
 // ErrNoClient is returned by New for a nil client.
@@ -361,6 +370,9 @@ func New(cli *clientv3.Client, opts ...Option) (*Backend, error) {
 	b.tombs.sem = make(chan struct{}, 1)
 	b.ka.cli = cli
 	b.queues, b.waiters = newQueues(b), waitq.NewGroup()
+	if o.sessions {
+		b.sessions = newSessions(b)
+	}
 	return b, nil
 }
 
@@ -477,13 +489,18 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Durat
 		return p.q.Acquire(ctx, token, ttl) // a waiter of Watch
 	}
 	secs := seconds(ttl)
+	if b.sessions != nil {
+		if s := b.sessions.lookup(token); s != nil {
+			return b.acquireInSession(ctx, key, token, secs, s)
+		}
+	}
 	if id, refreshed := b.leases.take(secs); id != clientv3.NoLease {
 		var g backend.Grant
 		var err error
 		if sent := time.Now(); asIs(secs, sent, refreshed) {
 			// Refreshed recently enough to carry the lock as it is
 			// (see reserve).
-			g, err = b.acquireOn(ctx, key, token, secs, id, sent, refreshed, time.Duration(secs)*time.Second, nil)
+			g, err = b.acquireOn(ctx, key, token, secs, id, sent, refreshed, time.Duration(secs)*time.Second, nil, nil)
 		} else {
 			g, err = b.acquireOnIdle(ctx, key, token, secs, id)
 		}
@@ -498,7 +515,7 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	if err != nil {
 		return backend.Grant{}, b.storeErr(ctx, "acquire: lease", err)
 	}
-	g, err := b.acquireOn(ctx, key, token, secs, resp.ID, sent, sent, lockTTL(secs, resp.TTL), nil)
+	g, err := b.acquireOn(ctx, key, token, secs, resp.ID, sent, sent, lockTTL(secs, resp.TTL), nil, nil)
 	if errors.Is(err, errLeaseGone) {
 		err = fmt.Errorf("etcd: acquire: lease %x, granted for it, was revoked before the transaction ran (by another client?)", resp.ID)
 	}
@@ -525,15 +542,19 @@ func (b *Backend) acquireOnIdle(ctx context.Context, key, token string, secs int
 	if err != nil {
 		return backend.Grant{}, b.storeErr(ctx, "acquire: keep-alive", err)
 	}
-	return b.acquireOn(ctx, key, token, secs, id, sent, sent, 0, ka)
+	return b.acquireOn(ctx, key, token, secs, id, sent, sent, 0, ka, nil)
 }
 
 // acquireOn runs the acquire transaction on lease id, sent at sent: a
 // lease whose latest confirmed refresh was sent at refreshed, which
 // promises the lock granted, or refreshed by the keep-alive whose answer
-// comes on ka (sent after sent).
-func (b *Backend) acquireOn(ctx context.Context, key, token string, secs int64, id clientv3.LeaseID, sent, refreshed time.Time, granted time.Duration, ka <-chan kaAnswer) (backend.Grant, error) {
+// comes on ka (sent after sent). The lease is session s's (see
+// sessions.go), or one for this lock alone when s is nil.
+func (b *Backend) acquireOn(ctx context.Context, key, token string, secs int64, id clientv3.LeaseID, sent, refreshed time.Time, granted time.Duration, ka <-chan kaAnswer, s *session) (backend.Grant, error) {
 	lk, tk := b.lockKeyOf(key), b.tombKeyOf(key, token)
+	attach := func(refreshed time.Time, unknown, tainted bool) {
+		b.leases.attachTo(lk, token, &heldLease{id: id, secs: secs, refreshed: refreshed, unknown: unknown, tainted: tainted, session: s})
+	}
 	// Besides the key and the token, the queue of waiters: an acquire
 	// that does not wait (see queue.go for those that do) takes the key
 	// only when nobody queues.
@@ -567,10 +588,13 @@ func (b *Backend) acquireOn(ctx context.Context, key, token string, secs int64, 
 		case kerr != nil:
 			// The lease's expiry is unknown: the key, if attached,
 			// may go earlier than the TTL from sent.
-			b.leases.attach(lk, token, id, secs, refreshed, true, true)
+			attach(refreshed, true, true)
 			return backend.Grant{}, b.storeErr(ctx, "acquire: keep-alive", errors.Join(kerr, err))
 		}
 		granted = lockTTL(secs, kttl)
+		if s != nil {
+			s.touch(refreshed) // the keep-alive, sent at sent
+		}
 	} else if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		// The lease is gone (revoked from outside, say): the
 		// transaction did nothing, and nothing can attach to it later.
@@ -580,14 +604,14 @@ func (b *Backend) acquireOn(ctx context.Context, key, token string, secs int64, 
 		// The key may be attached to the lease now or later: the
 		// release that package lock sends to undo this attempt finds
 		// the lease here and revokes it.
-		b.leases.attach(lk, token, id, secs, refreshed, true, false)
+		attach(refreshed, true, false)
 		return backend.Grant{}, b.storeErr(ctx, "acquire", err)
 	}
 	if resp.Succeeded {
-		b.leases.attach(lk, token, id, secs, refreshed, false, false)
+		attach(refreshed, false, false)
 		return backend.Grant{Fence: uint64(resp.Header.Revision), TTL: granted}, nil
 	}
-	if reuse {
+	if reuse && s == nil {
 		b.leases.idle(id, secs, refreshed) // the transaction attached nothing to it
 	}
 	if resp.Responses[0].GetResponseRange().Count > 0 {
@@ -627,10 +651,16 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 	// it finds the lock not held it did nothing, and the whole transaction
 	// follows.
 	fast := b.leases.acquired(lk, token)
+	// The tombstone of a token whose acquire on a session's lease had an
+	// unknown outcome goes under that lease (see sessions.go).
+	sessionTomb := b.leases.doubtfulSession(lk, token)
 	for attempt := 0; ; attempt++ {
-		tomb, err := b.tombs.get(ctx, b.cli)
-		if err != nil {
-			return b.storeErr(ctx, "release: tombstone lease", err)
+		tomb := sessionTomb
+		var err error
+		if tomb == clientv3.NoLease {
+			if tomb, err = b.tombs.get(ctx, b.cli); err != nil {
+				return b.storeErr(ctx, "release: tombstone lease", err)
+			}
 		}
 		own := []clientv3.Cmp{clientv3.Compare(clientv3.Value(lk), "=", token)}
 		release := []clientv3.Op{
@@ -679,6 +709,15 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 			attempt--
 			continue
 		}
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) && tomb == sessionTomb {
+			// The session's lease is gone, and every key on it: an
+			// acquire still on its way cannot attach to it. The
+			// transaction did nothing; the tombstone goes under the
+			// tombstones' lease.
+			sessionTomb = clientv3.NoLease
+			attempt--
+			continue
+		}
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) && attempt == 0 {
 			// The tombstone lease is gone (it expired while this
 			// backend stood idle past it, say); the transaction did
@@ -686,27 +725,34 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 			b.tombs.drop(tomb)
 			continue
 		}
+		if b.sessions != nil {
+			b.sessions.released(key, token, err == nil)
+		}
 		if err != nil {
 			return b.storeErr(ctx, "release", err)
 		}
 		break
 	}
 	h, reusable := b.leases.release(lk, token)
+	// A lease is revoked only when this backend made it for this lock
+	// alone: a lease found under the key may be another client's
+	// session's (see sessions.go), and a revoke would take all its locks.
+	own := h != nil && h.session == nil
 	if resp.Succeeded {
-		// The lease holds nothing now: reuse it, or revoke it when
-		// this backend did not acquire the lock or a renewal of it is
-		// in flight.
+		// The lease holds nothing now: reuse it, or revoke it when a
+		// renewal of it is in flight.
 		switch {
-		case h != nil && reusable && prev != nil && prev.Lease == int64(h.id):
+		case own && reusable && prev != nil && prev.Lease == int64(h.id):
 			b.leases.idle(h.id, h.secs, h.refreshed)
-		case prev != nil && prev.Lease != 0:
-			b.revoke(ctx, clientv3.LeaseID(prev.Lease))
+		case own && prev != nil && prev.Lease == int64(h.id):
+			b.revoke(ctx, h.id)
 		}
 		return nil
 	}
-	if h != nil {
+	if own {
 		// An acquire transaction still on its way must find no lease
-		// to attach the key to.
+		// to attach the key to. (On a session's lease, the token's
+		// tombstone under that lease refuses it.)
 		b.revoke(ctx, h.id)
 	}
 	inner := resp.Responses[0].GetResponseTxn()
@@ -830,6 +876,9 @@ func (b *Backend) Close() error {
 	}
 	b.queues.close()
 	b.waiters.Close()
+	if b.sessions != nil {
+		b.sessions.close()
+	}
 	b.ka.close()
 	if b.opts.closeClient {
 		return b.cli.Close()

@@ -72,6 +72,9 @@ type heldLease struct {
 	// tainted: a refresh of unknown outcome may still arrive; were the
 	// lease reused, it would extend the next lock.
 	tainted bool
+	// session: the lease is a session's, which carries other locks too
+	// (see sessions.go): it never joins the pool and is never revoked.
+	session *session
 }
 
 func newLeases() *leases {
@@ -114,9 +117,14 @@ func (l *leases) idle(id clientv3.LeaseID, secs int64, refreshed time.Time) {
 // says whether the acquire's outcome is unknown, tainted whether a refresh
 // of the lease has an unknown outcome (the lease is then never reused).
 func (l *leases) attach(lockKey, token string, id clientv3.LeaseID, secs int64, refreshed time.Time, unknown, tainted bool) {
+	l.attachTo(lockKey, token, &heldLease{id: id, secs: secs, refreshed: refreshed, unknown: unknown, tainted: tainted})
+}
+
+// attachTo records h as the lease of token's lock on lockKey.
+func (l *leases) attachTo(lockKey, token string, h *heldLease) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.held[heldKey{lockKey, token}] = &heldLease{id: id, secs: secs, refreshed: refreshed, unknown: unknown, tainted: tainted}
+	l.held[heldKey{lockKey, token}] = h
 	if n := len(l.held); n >= 1024 && n >= 2*l.prunedAt {
 		l.pruneLocked()
 	}
@@ -144,6 +152,18 @@ func (l *leases) acquired(lockKey, token string) bool {
 	defer l.mu.Unlock()
 	h := l.held[heldKey{lockKey, token}]
 	return h != nil && !h.unknown
+}
+
+// doubtfulSession returns the session's lease that an acquire of unknown
+// outcome for token's lock on lockKey may still attach the key to, or
+// NoLease.
+func (l *leases) doubtfulSession(lockKey, token string) clientv3.LeaseID {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if h := l.held[heldKey{lockKey, token}]; h != nil && h.unknown && h.session != nil {
+		return h.id
+	}
+	return clientv3.NoLease
 }
 
 // renewing returns the lease of token's lock on lockKey, marked as being
@@ -185,5 +205,5 @@ func (l *leases) release(lockKey, token string) (h *heldLease, reusable bool) {
 		return nil, false
 	}
 	delete(l.held, k)
-	return h, h.renewing == 0 && !h.tainted && !h.unknown
+	return h, h.renewing == 0 && !h.tainted && !h.unknown && h.session == nil
 }

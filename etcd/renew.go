@@ -70,9 +70,12 @@ type renewal struct {
 	id        clientv3.LeaseID
 	sent      time.Time
 	ka        <-chan kaAnswer // the keep-alive's answer; nil: none sent
-	kttl      int64           // the TTL the keep-alive restarted the lease with
-	ok        bool            // renewed
-	unknown   bool            // the keep-alive's outcome is unknown
+	// shares is the index of the earlier renewal of the batch whose
+	// keep-alive this one shares (the same lease: a session's), or -1.
+	shares  int
+	kttl    int64 // the TTL the keep-alive restarted the lease with
+	ok      bool  // renewed
+	unknown bool  // the keep-alive's outcome is unknown
 }
 
 // renew runs the renewals rs: all keep-alives, then the reads of the keys
@@ -87,13 +90,25 @@ func (b *Backend) renew(ctx context.Context, rs []backend.Renewal) []backend.Ren
 			}
 		}
 	}()
+	// A session's lease gets one keep-alive per batch, however many of
+	// its locks the batch renews (see sessions.go): the renewals after the
+	// first share its answer, sent before their own send time would be.
+	// Each still counts from that keep-alive's send, and is still checked
+	// by its own read after the answer.
+	kaOf := map[clientv3.LeaseID]int{}
 	for i, r := range rs {
 		w := &ws[i]
+		w.shares = -1
 		w.lk, w.token, w.ttl = b.lockKeyOf(r.Key), r.Token, r.TTL
 		w.h = b.leases.renewing(w.lk, w.token)
 		w.sent = time.Now()
 		if w.h != nil {
 			w.id = w.h.id
+		} else if sidOf(w.token) != "" {
+			// Another client's session: its keep-alive would extend
+			// every lock of that session, whose holders may be gone.
+			out[i].Err = fmt.Errorf("%w: etcd: renew of a lock of another client's session (token %.8s...): only the client that acquired it renews it", backend.ErrInvalid, w.token)
+			continue
 		} else {
 			// A lock this backend did not acquire: find its lease.
 			resp, err := b.cli.Get(ctx, w.lk)
@@ -107,6 +122,11 @@ func (b *Backend) renew(ctx context.Context, rs []backend.Renewal) []backend.Ren
 			}
 			w.id = clientv3.LeaseID(resp.Kvs[0].Lease)
 		}
+		if j, ok := kaOf[w.id]; ok {
+			w.shares, w.sent = j, ws[j].sent
+			continue
+		}
+		kaOf[w.id] = i
 		ch, err := b.ka.start(w.id)
 		if err != nil {
 			w.unknown = true
@@ -116,12 +136,35 @@ func (b *Backend) renew(ctx context.Context, rs []backend.Renewal) []backend.Ren
 		w.ka = ch
 	}
 	var live []int // the renewals whose keep-alive was answered
+	kaErr := make([]error, len(ws))
 	for i := range ws {
 		w := &ws[i]
-		if w.ka == nil {
+		var kttl int64
+		var err error
+		switch {
+		case w.shares >= 0:
+			j := w.shares
+			if ws[j].ka == nil {
+				// The keep-alive could not be sent: the same unknown
+				// outcome.
+				w.unknown, out[i].Err = ws[j].unknown, out[j].Err
+				continue
+			}
+			kttl, err = ws[j].kttl, kaErr[j]
+		case w.ka == nil:
 			continue
+		default:
+			kttl, err = await(ctx, w.ka)
+			kaErr[i] = err
+			if w.h != nil && w.h.session != nil {
+				switch {
+				case errors.Is(err, rpctypes.ErrLeaseNotFound):
+					w.h.session.end()
+				case err == nil:
+					w.h.session.touch(w.sent)
+				}
+			}
 		}
-		kttl, err := await(ctx, w.ka)
 		switch {
 		case errors.Is(err, rpctypes.ErrLeaseNotFound):
 			b.leases.release(w.lk, w.token) // expired: nothing to reuse or revoke
@@ -151,6 +194,17 @@ func (b *Backend) renew(ctx context.Context, rs []backend.Renewal) []backend.Ren
 			out[i].Grant, out[i].Err = b.renewed(ctx, &ws[i], kvs[j])
 		}
 	}
+	if b.sessions != nil {
+		// Send again the releases of unknown outcome of the sessions
+		// renewed (see released).
+		done := map[*session]bool{}
+		for i := range ws {
+			if h := ws[i].h; h != nil && h.session != nil && !done[h.session] {
+				done[h.session] = true
+				b.sessions.resend(h.session)
+			}
+		}
+	}
 	return out
 }
 
@@ -164,7 +218,11 @@ func (b *Backend) renewed(ctx context.Context, w *renewal, kv *mvccpb.KeyValue) 
 		if w.h != nil {
 			b.leases.release(w.lk, w.token)
 		}
-		b.revoke(ctx, w.id)
+		if w.h != nil && w.h.session == nil {
+			// Only a lease this backend made for this lock alone: one
+			// found under the key may be a session's.
+			b.revoke(ctx, w.id)
+		}
 		return backend.Grant{}, backend.ErrNotHeld
 	}
 	secs := seconds(w.ttl)

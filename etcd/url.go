@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -18,7 +19,7 @@ import (
 
 // urlParams are the query parameters of etcd:// and etcds:// URLs besides
 // lock.TLSParams (which only etcds:// accepts).
-var urlParams = []string{"dialtimeout", "electiontimeout", "maxttl", "prefix"}
+var urlParams = []string{"dialtimeout", "electiontimeout", "maxttl", "prefix", "sessions"}
 
 // DefaultDialTimeout bounds the connection to an endpoint of a client built
 // from a URL.
@@ -140,6 +141,13 @@ func parseURL(u *url.URL) (clientv3.Config, []Option, error) {
 		return clientv3.Config{}, nil, err
 	} else if ok {
 		opts = append(opts, WithElectionTimeout(d))
+	}
+	if v, ok := q["sessions"]; ok {
+		on, err := strconv.ParseBool(v[0])
+		if err != nil {
+			return fail("sessions=%q: want true or false", v[0])
+		}
+		opts = append(opts, WithSessions(on))
 	}
 	if v, ok := q["maxttl"]; ok {
 		d, err := time.ParseDuration(v[0])

@@ -55,7 +55,7 @@ func TestOpenBadURL(t *testing.T) {
 		{"etcd://127.0.0.1:2379?maxttl=999ms", `maxttl="999ms": want a Go duration of at least 1s and at most 8760h0m0s (lock.MaxTTL), such as 1m`},
 		{"etcd://127.0.0.1:2379?maxttl=8761h", `maxttl="8761h": want a Go duration of at least 1s and at most 8760h0m0s`},
 		{"etcd://127.0.0.1:2379?maxttl=long", `maxttl="long": want a Go duration`},
-		{"etcd://127.0.0.1:2379?colour=red", "valid: autorenew, ca_file, cert_file, dialtimeout, drift, electiontimeout, key_file, maxhold, maxttl, prefix, server_name, skip_verify, ttl"},
+		{"etcd://127.0.0.1:2379?colour=red", "valid: autorenew, ca_file, cert_file, dialtimeout, drift, electiontimeout, key_file, maxhold, maxttl, prefix, server_name, sessions, skip_verify, ttl"},
 	}
 	for _, tc := range bad {
 		c, err := lock.Open(ctx, tc.url)
