@@ -613,11 +613,13 @@ func startLeaseTarget(store string, ttl time.Duration) leaseTarget {
 	case "redis-sessions":
 		return startRedisLeases(ttl, true)
 	case "etcd":
-		return startEtcdLeases(ttl)
+		return startEtcdLeases(ttl, false)
+	case "etcd-sessions":
+		return startEtcdLeases(ttl, true)
 	case "consul":
 		return startConsulLeases(ttl)
 	}
-	fatal(fmt.Errorf("-store %q: want redis, redis-sessions, etcd or consul", store))
+	fatal(fmt.Errorf("-store %q: want redis, redis-sessions, etcd, etcd-sessions or consul", store))
 	return leaseTarget{}
 }
 
@@ -811,11 +813,11 @@ func startEtcdProcess() (string, int, func()) {
 	return strings.TrimSpace(line), cmd.Process.Pid, stop
 }
 
-func startEtcdLeases(ttl time.Duration) leaseTarget {
+func startEtcdLeases(ttl time.Duration, sessions bool) leaseTarget {
 	addr, pid, stopServer := startEtcdProcess()
 	tm := &etcdTimings{}
 	cli := etcdTimedClient(addr, tm)
-	b, err := locketcd.New(cli)
+	b, err := locketcd.New(cli, locketcd.WithSessions(sessions))
 	if err != nil {
 		fatal(err)
 	}

@@ -86,8 +86,8 @@
 // one lock would then extend the others, and a lock whose owner stopped
 // renewing could outlive its TTL by any amount. WithSessions shares a
 // lease among the locks of a client that renew themselves, with the rules
-// that bound this (see Sessions in sessions.go). A lease joins the pool only when the store confirmed it
-// carries nothing: never after an acquire whose outcome is unknown (its
+// that bound this (see Sessions in sessions.go). A lease joins the pool
+// only when the store confirmed it carries nothing: never after an acquire whose outcome is unknown (its
 // transaction may still arrive and attach a key, and the revoke that undoes
 // it may arrive after the release that deleted the key, where it would
 // delete the lease's next lock; the release revokes the lease instead,

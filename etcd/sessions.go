@@ -189,6 +189,11 @@ func (ss *sessions) current(secs int64) (*session, error) {
 		if usable {
 			return s, nil
 		}
+		// Forget it: nothing renewed it for half a TTL, so no lock of
+		// it is renewing. Its locks, if any, keep it through their
+		// leases (heldLease.session); a token of it that an acquire
+		// still carries finds no session and gets a lease of its own.
+		delete(ss.bySID, s.sid)
 	}
 	s := &session{sid: newSID(), secs: secs, grant: make(chan struct{}, 1), made: time.Now()}
 	ss.bySecs[secs] = s
