@@ -654,11 +654,17 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 	// The tombstone of a token whose acquire on a session's lease had an
 	// unknown outcome goes under that lease (see sessions.go).
 	sessionTomb := b.leases.doubtfulSession(lk, token)
+	// A lock of a session whose release has an unknown outcome is sent
+	// again after the session's renewals (see released).
+	s := b.leases.sessionOf(lk, token)
 	for attempt := 0; ; attempt++ {
 		tomb := sessionTomb
 		var err error
 		if tomb == clientv3.NoLease {
 			if tomb, err = b.tombs.get(ctx, b.cli); err != nil {
+				if s != nil {
+					s.released(key, token, false)
+				}
 				return b.storeErr(ctx, "release: tombstone lease", err)
 			}
 		}
@@ -725,8 +731,8 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 			b.tombs.drop(tomb)
 			continue
 		}
-		if b.sessions != nil {
-			b.sessions.released(key, token, err == nil)
+		if s != nil {
+			s.released(key, token, err == nil)
 		}
 		if err != nil {
 			return b.storeErr(ctx, "release", err)

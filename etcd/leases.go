@@ -166,6 +166,17 @@ func (l *leases) doubtfulSession(lockKey, token string) clientv3.LeaseID {
 	return clientv3.NoLease
 }
 
+// sessionOf returns the session whose lease carries token's lock on
+// lockKey, or nil.
+func (l *leases) sessionOf(lockKey, token string) *session {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if h := l.held[heldKey{lockKey, token}]; h != nil {
+		return h.session
+	}
+	return nil
+}
+
 // renewing returns the lease of token's lock on lockKey, marked as being
 // renewed, or nil when this backend did not acquire it.
 func (l *leases) renewing(lockKey, token string) *heldLease {

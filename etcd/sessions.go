@@ -309,11 +309,7 @@ func (b *Backend) acquireInSession(ctx context.Context, key, token string, secs 
 // acquisition, so it frees only that acquisition's lock, never another
 // owner's; sent again after it took effect, it answers from the token's
 // tombstone and changes nothing.
-func (ss *sessions) released(key, token string, known bool) {
-	s := ss.lookup(token)
-	if s == nil {
-		return
-	}
+func (s *session) released(key, token string, known bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {

@@ -287,3 +287,48 @@ func TestSessionDoubtfulTokensTombstoneLivesWithTheSession(t *testing.T) {
 		t.Errorf("the acquire sent again after its cleanup: %v; want ErrInvalid (dead token)", err)
 	}
 }
+
+// A release of unknown outcome (here it never reached the store) must not
+// leave its lock on the session's lease, which the session's other locks
+// keep alive: the backend sends it again after the session's renewals,
+// and the key is free soon after, while the other lock stays held.
+func TestSessionReleaseOfUnknownOutcomeIsSentAgain(t *testing.T) {
+	srv := startEtcd(t)
+	ctx := ctxFor(t)
+	px := faultproxy.Start(t, srv.Addr)
+	b, err := etcd.New(newClient(t, px.Addr), etcd.WithElectionTimeout(electionTimeout), etcd.WithSessions(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ttl := 2 * time.Second
+	toks := sessionTokens(t, b, ttl, 2)
+	for i, tok := range toks {
+		if _, err := b.Acquire(ctx, fmt.Sprint("k", i), tok, ttl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	px.Hold(faultproxy.ToServer)
+	rctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	err = b.Release(rctx, "k0", toks[0])
+	cancel()
+	if err == nil || errors.Is(err, backend.ErrNotHeld) {
+		t.Fatalf("Release through a held link: %v; want an error of unknown outcome", err)
+	}
+	px.Reset() // the release never arrives
+	px.Deliver(faultproxy.ToServer)
+	direct := newClient(t, srv.Addr)
+	for deadline := time.Now().Add(3 * ttl); ; {
+		b.Renew(ctx, "k1", toks[1], ttl) // the session's renewal; may meet the reset link first
+		if leaseOf(ctx, t, direct, toks[0]) == clientv3.NoLease {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("k0, released with an unknown outcome, is still held %v later while its session lives on", 3*ttl)
+		}
+		time.Sleep(ttl / 6) // renew k1 on time, as package lock would
+	}
+	if _, err := b.Renew(ctx, "k1", toks[1], ttl); err != nil {
+		t.Errorf("Renew k1, the session's other lock: %v", err)
+	}
+}
