@@ -323,7 +323,9 @@ func WithElectionTimeout(d time.Duration) Option {
 func withCloseClient() Option { return func(o *options) { o.closeClient = true } }
 
 // Backend is the etcd backend. It implements backend.Backend,
-// backend.Notifier, backend.Describer and backend.Inspector.
+// backend.Notifier, backend.Describer, backend.Inspector,
+// backend.BatchRenewer and backend.TokenPrefixer (a prefix only with
+// WithSessions).
 type Backend struct {
 	cli      *clientv3.Client
 	opts     options
