@@ -104,7 +104,7 @@ func (b *Backend) renew(ctx context.Context, rs []backend.Renewal) []backend.Ren
 		w.sent = time.Now()
 		if w.h != nil {
 			w.id = w.h.id
-		} else if sidOf(w.token) != "" {
+		} else if backend.SessionID(w.token) != "" {
 			// Another client's session: its keep-alive would extend
 			// every lock of that session, whose holders may be gone.
 			out[i].Err = fmt.Errorf("%w: etcd: renew of a lock of another client's session (token %.8s...): only the client that acquired it renews it", backend.ErrInvalid, w.token)

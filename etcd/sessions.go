@@ -2,7 +2,6 @@ package etcd
 
 import (
 	"context"
-	crand "crypto/rand"
 	"errors"
 	"fmt"
 	"sync"
@@ -48,7 +47,7 @@ import (
 //     lost at its deadline.
 //   - A release of unknown outcome (its reply lost, its context ended) is
 //     sent again after each renewal of its session, until the store
-//     answers it (unreleased).
+//     answers it (released).
 //   - The release of a token whose acquire had an unknown outcome writes
 //     the token's tombstone under the session's lease rather than the
 //     tombstones' own (which keeps it 15 to 30s): the acquire, should it
@@ -87,13 +86,6 @@ import (
 // with an unknown outcome until the next renewal of the session reaches
 // the store.
 
-// sessionPrefix is the first byte of every session token; a token without
-// a session is hexadecimal.
-const sessionPrefix = 'S'
-
-// sidLen is the length of a session's id.
-const sidLen = 7
-
 // WithSessions makes the leases of one TTL that renew themselves share one
 // etcd lease, renewed with one keep-alive however many locks it carries
 // (see Sessions in sessions.go). For a process that holds many locks at
@@ -124,32 +116,15 @@ type session struct {
 	refreshed time.Time        // send of the latest grant or keep-alive the store confirmed
 	made      time.Time        // when the session was made
 	ended     bool             // its lease is gone: no new lock joins it
-	// unreleased are the session's locks whose release had an unknown
-	// outcome (see released), and resending says their releases are being
-	// sent again.
-	unreleased map[lockOf]struct{}
-	resending  bool
-}
+	resending bool             // the pending releases are being sent again (resend)
 
-// lockOf names one lock: its key (as the caller gives it) and its
-// holder's token.
-type lockOf struct{ key, token string }
+	// pending are the session's locks (by the caller's key) whose
+	// release had an unknown outcome (see released).
+	pending backend.PendingReleases
+}
 
 func newSessions(b *Backend) *sessions {
 	return &sessions{b: b, bySecs: map[int64]*session{}, bySID: map[string]*session{}}
-}
-
-// sidAlphabet are the characters of a session id; with 'S' first, a
-// session token is never hexadecimal alone.
-const sidAlphabet = "abcdefghijklmnopqrstuvwxyz234567"
-
-func newSID() string {
-	var r [sidLen]byte
-	crand.Read(r[:])
-	for i := range r {
-		r[i] = sidAlphabet[r[i]%32]
-	}
-	return string(r[:])
 }
 
 // TokenPrefix implements backend.TokenPrefixer: with sessions, "S" and the
@@ -168,7 +143,7 @@ func (b *Backend) TokenPrefix(ttl time.Duration) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return string(sessionPrefix) + s.sid, nil
+	return backend.SessionPrefix(s.sid), nil
 }
 
 // current returns the session that a new lock of secs seconds joins: the
@@ -195,23 +170,15 @@ func (ss *sessions) current(secs int64) (*session, error) {
 		// still carries finds no session and gets a lease of its own.
 		delete(ss.bySID, s.sid)
 	}
-	s := &session{sid: newSID(), secs: secs, grant: make(chan struct{}, 1), made: time.Now()}
+	s := &session{sid: backend.NewSessionID(), secs: secs, grant: make(chan struct{}, 1), made: time.Now()}
 	ss.bySecs[secs] = s
 	ss.bySID[s.sid] = s
 	return s, nil
 }
 
-// sidOf returns the session id a token names, or "".
-func sidOf(token string) string {
-	if len(token) < 1+sidLen || token[0] != sessionPrefix {
-		return ""
-	}
-	return token[1 : 1+sidLen]
-}
-
 // lookup returns the session of this backend that token names, or nil.
 func (ss *sessions) lookup(token string) *session {
-	sid := sidOf(token)
+	sid := backend.SessionID(token)
 	if sid == "" {
 		return nil
 	}
@@ -302,37 +269,21 @@ func (b *Backend) acquireInSession(ctx context.Context, key, token string, secs 
 
 // released records the outcome of a release of token's lock on key: known
 // (the store answered) or not. A lock of a session does not expire while
-// its session's other locks are renewed, so a release that may not have
-// reached the store must be sent again: after each renewal of the session
-// (resend), until one has a known outcome. Why sending it again keeps
-// every promise: a release is checked by token, and a token is for one
-// acquisition, so it frees only that acquisition's lock, never another
-// owner's; sent again after it took effect, it answers from the token's
-// tombstone and changes nothing.
+// its session's other locks are renewed: a release of unknown outcome is
+// sent again after each renewal of the session (resend), until one has a
+// known outcome (see backend.PendingReleases for why that is safe).
 func (s *session) released(key, token string, known bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	switch {
-	case known:
-		delete(s.unreleased, lockOf{key, token})
-	case s.unreleased == nil:
-		s.unreleased = map[lockOf]struct{}{{key, token}: {}}
-	default:
-		s.unreleased[lockOf{key, token}] = struct{}{}
-	}
+	s.pending.Record(key, token, known)
 }
 
-// resend sends the releases of s's unreleased locks again, in the
+// resend sends the pending releases of s's locks again, in the
 // background, within a TTL; Close waits for it.
 func (ss *sessions) resend(s *session) {
+	ls := s.pending.List()
 	s.mu.Lock()
-	if s.resending || len(s.unreleased) == 0 {
+	if s.resending || len(ls) == 0 {
 		s.mu.Unlock()
 		return
-	}
-	ls := make([]lockOf, 0, len(s.unreleased))
-	for l := range s.unreleased {
-		ls = append(ls, l)
 	}
 	s.resending = true
 	s.mu.Unlock()
@@ -359,7 +310,7 @@ func (ss *sessions) resend(s *session) {
 			if ctx.Err() != nil || ss.b.closed.Load() {
 				return
 			}
-			ss.b.Release(ctx, l.key, l.token) // records its outcome
+			ss.b.Release(ctx, l.Key, l.Token) // records its outcome
 		}
 	}()
 }

@@ -2,7 +2,6 @@ package redis
 
 import (
 	"context"
-	crand "crypto/rand"
 	"errors"
 	"fmt"
 	"strings"
@@ -152,13 +151,6 @@ const (
 // the URL parameter sessions=true sets it.
 func WithSessions(on bool) Option { return func(o *options) { o.sessions = on } }
 
-// sessionPrefix is the first byte of every session token; a token without
-// a session is hexadecimal.
-const sessionPrefix = 'S'
-
-// sidLen is the length of a session's id.
-const sidLen = 7
-
 // sessions are a backend's sessions: the one that new leases of each TTL
 // join, and every session whose leases may still renew.
 type sessions struct {
@@ -182,33 +174,18 @@ type session struct {
 	horizon time.Time // every lock of the session expires no earlier
 	ended   bool      // its key expired: every lease of it is lost
 	touched time.Time // send of the latest grant or renewal the store confirmed
-	// unreleased are the session's locks whose release had an unknown
-	// outcome; each walk sends their releases again (see resend).
-	unreleased map[lockOf]struct{}
+	// pending are the session's locks (by lock key) whose release had
+	// an unknown outcome; each walk sends their releases again (see
+	// resend).
+	pending backend.PendingReleases
 	// doubtful are the tokens of grants of unknown outcome: their
-	// releases bury them too (see bury).
+	// releases bury them too (see doubt).
 	doubtful map[string]struct{}
 }
-
-// lockOf names one lock of a session: its lock key and its holder's token.
-type lockOf struct{ lk, token string }
 
 func newSessions(b *Backend) *sessions {
 	ctx, stop := context.WithCancel(context.Background())
 	return &sessions{b: b, byTTL: map[time.Duration]*session{}, bySID: map[string]*session{}, ctx: ctx, stop: stop}
-}
-
-// sidAlphabet are the characters of a session id; with 'S' first, a
-// session token is never hexadecimal alone.
-const sidAlphabet = "abcdefghijklmnopqrstuvwxyz234567"
-
-func newSID() string {
-	var r [sidLen]byte
-	crand.Read(r[:])
-	for i := range r {
-		r[i] = sidAlphabet[r[i]%32]
-	}
-	return string(r[:])
 }
 
 // current returns the session that a new lease of ttl joins: the latest
@@ -230,7 +207,7 @@ func (ss *sessions) current(ttl time.Duration) (*session, error) {
 			return s, nil
 		}
 	}
-	sid := newSID()
+	sid := backend.NewSessionID()
 	key := ss.b.opts.prefix + "session:" + sid
 	now := time.Now()
 	s = &session{sid: sid, key: key, table: key + ":locks", ttl: ttl, horizon: now.Add(sessionSpan * ttl), touched: now}
@@ -257,15 +234,7 @@ func (b *Backend) TokenPrefix(ttl time.Duration) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return string(sessionPrefix) + s.sid, nil
-}
-
-// sidOf returns the session id a token names, or "".
-func sidOf(token string) string {
-	if len(token) < 1+sidLen || token[0] != sessionPrefix {
-		return ""
-	}
-	return token[1 : 1+sidLen]
+	return backend.SessionPrefix(s.sid), nil
 }
 
 // stored returns the value a lock held by token has on the store: the
@@ -274,7 +243,7 @@ func (b *Backend) stored(token string) string {
 	if b.sessions == nil {
 		return token
 	}
-	sid := sidOf(token)
+	sid := backend.SessionID(token)
 	if sid == "" {
 		return token
 	}
@@ -289,7 +258,7 @@ func unstored(v string) string {
 
 // lookup returns the session a token names, or nil.
 func (ss *sessions) lookup(token string) *session {
-	sid := sidOf(token)
+	sid := backend.SessionID(token)
 	if sid == "" {
 		return nil
 	}
@@ -514,24 +483,17 @@ func (ss *sessions) walk(s *session) (ended bool, err error) {
 // (the store answered) or not. A release of unknown outcome may not have
 // reached the server, and a lock of a session does not expire by itself
 // while the session lives: its walks extend every lock in its table, for
-// as long as other leases of the session keep renewing it. So the lock
-// would outlive its holder's release by any amount, where without
-// sessions it expires a TTL later at most. The session keeps it among its
-// unreleased locks until a release of it has a known outcome: each walk
+// as long as other leases of the session keep renewing it. So the session
+// keeps it pending until a release of it has a known outcome: each walk
 // sends the release again (resend), and a release that package lock sends
-// again (its cleanup) takes it out as well.
-//
-// Why sending a release again keeps every promise: a release is checked
-// by token, and a token is for one acquisition, so it can free only the
-// lock of that acquisition, never another owner's; a release of a lock
-// already released answers from the token's tombstone and changes
-// nothing. What it bounds: such a lock is free at the first walk that
-// reaches the server after the release, sessionPass TTLs at most after
-// the fault ends, or when the session ends.
+// again (its cleanup) takes it out as well (see backend.PendingReleases
+// for why sending it again is safe). Such a lock is free at the first walk
+// that reaches the server after the release, sessionPass TTLs at most
+// after the fault ends, or when the session ends.
 //
 // A release of a doubtful token (its grant's outcome was unknown) buries
 // the token once the store answered the release; until then, it counts as
-// unreleased.
+// pending.
 func (ss *sessions) released(ctx context.Context, lk, token string, known bool) {
 	s := ss.lookup(token)
 	if s == nil {
@@ -549,16 +511,7 @@ func (ss *sessions) released(ctx context.Context, lk, token string, known bool) 
 			known = false // the next walk sends the release and this again
 		}
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	switch {
-	case known:
-		delete(s.unreleased, lockOf{lk, token})
-	case s.unreleased == nil:
-		s.unreleased = map[lockOf]struct{}{{lk, token}: {}}
-	default:
-		s.unreleased[lockOf{lk, token}] = struct{}{}
-	}
+	s.pending.Record(lk, token, known)
 }
 
 // doubt records that a grant for token had an unknown outcome: it may
@@ -597,15 +550,10 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
 end
 return 1`)
 
-// resend sends the releases of s's unreleased locks again, one after
+// resend sends the pending releases of s's locks again, one after
 // another, within a TTL (see released).
 func (ss *sessions) resend(s *session) {
-	s.mu.Lock()
-	ls := make([]lockOf, 0, len(s.unreleased))
-	for l := range s.unreleased {
-		ls = append(ls, l)
-	}
-	s.mu.Unlock()
+	ls := s.pending.List()
 	if len(ls) == 0 {
 		return
 	}
@@ -615,7 +563,7 @@ func (ss *sessions) resend(s *session) {
 		if ctx.Err() != nil {
 			return
 		}
-		ss.b.releaseWith(ctx, l.lk, l.token, "", "") // records its outcome
+		ss.b.releaseWith(ctx, l.Key, l.Token, "", "") // records its outcome
 	}
 }
 

@@ -355,19 +355,10 @@ func TestSessionLateWalksEndTheLeaseBeforeItsLockExpires(t *testing.T) {
 // session's next walk, and the lock is free soon after, while the
 // session's other lease stays held.
 func TestSessionReleaseOfUnknownOutcomeIsSentAgain(t *testing.T) {
-	srv := redistest.Start(t, redistest.NoPersistence)
 	ctx := context.Background()
 	ttl := 300 * time.Millisecond
-	px := faultproxy.Start(t, srv.Addr)
-	rdb := goredis.NewClient(&goredis.Options{Addr: px.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
-	t.Cleanup(func() { rdb.Close() })
-	be := redis.New(rdb, redis.WithSessions(true))
-	defer be.Close()
-	prefix, err := be.TokenPrefix(ttl)
-	if err != nil {
-		t.Fatal(err)
-	}
-	token := func(n int) string { return prefix + fmt.Sprintf("%032x", n)[len(prefix):] }
+	srv, px, be, token := proxiedSessions(t, ttl)
+	var err error
 	ta, tb := token(1), token(2)
 	for _, l := range []struct{ key, token string }{{"a", ta}, {"b", tb}} {
 		if _, err := be.Acquire(ctx, l.key, l.token, ttl); err != nil {
@@ -416,19 +407,10 @@ func TestSessionReleaseOfUnknownOutcomeIsSentAgain(t *testing.T) {
 // long as the session lives. The release of such a token buries it in the
 // session's table, and the late grant is refused as for a dead token.
 func TestSessionLateGrantOfABuriedTokenTakesNothing(t *testing.T) {
-	srv := redistest.Start(t, redistest.NoPersistence)
 	ctx := context.Background()
 	ttl := time.Second
-	px := faultproxy.Start(t, srv.Addr)
-	rdb := goredis.NewClient(&goredis.Options{Addr: px.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
-	t.Cleanup(func() { rdb.Close() })
-	be := redis.New(rdb, redis.WithSessions(true))
-	defer be.Close()
-	prefix, err := be.TokenPrefix(ttl)
-	if err != nil {
-		t.Fatal(err)
-	}
-	token := func(n int) string { return prefix + fmt.Sprintf("%032x", n)[len(prefix):] }
+	srv, px, be, token := proxiedSessions(t, ttl)
+	var err error
 	ta, tb := token(1), token(2)
 	if _, err := be.Acquire(ctx, "b", tb, ttl); err != nil {
 		t.Fatalf("Acquire b: %v", err)
@@ -472,4 +454,23 @@ func TestSessionLateGrantOfABuriedTokenTakesNothing(t *testing.T) {
 	if h, err := be.Inspect(ctx, "a"); err != nil || h.Held {
 		t.Errorf("Inspect a after the late grant: %+v, %v; want free", h, err)
 	}
+}
+
+// proxiedSessions starts a server and a backend with sessions that
+// reaches it through a fault proxy (go-redis sends nothing again), and
+// returns them with a maker of the n-th token of the session that leases
+// of ttl join.
+func proxiedSessions(t *testing.T, ttl time.Duration) (*redistest.Server, *faultproxy.Proxy, *redis.Backend, func(n int) string) {
+	t.Helper()
+	srv := redistest.Start(t, redistest.NoPersistence)
+	px := faultproxy.Start(t, srv.Addr)
+	rdb := goredis.NewClient(&goredis.Options{Addr: px.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { rdb.Close() })
+	be := redis.New(rdb, redis.WithSessions(true))
+	t.Cleanup(func() { be.Close() })
+	prefix, err := be.TokenPrefix(ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, px, be, func(n int) string { return prefix + fmt.Sprintf("%032x", n)[len(prefix):] }
 }
