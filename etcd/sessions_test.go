@@ -332,3 +332,40 @@ func TestSessionReleaseOfUnknownOutcomeIsSentAgain(t *testing.T) {
 		t.Errorf("Renew k1, the session's other lock: %v", err)
 	}
 }
+
+// A session whose lease expired while idle takes no lock: an acquire with
+// a token of it finds the lease gone (its transaction did nothing) and
+// answers ErrContended, so that package lock tries again, and the next
+// prefix names a new session.
+func TestSessionExpiredWhileIdleTakesNothing(t *testing.T) {
+	srv := startEtcd(t)
+	ctx := ctxFor(t)
+	b, cli := newBackend(t, srv.Addr, etcd.WithSessions(true))
+	ttl := time.Second
+	toks := sessionTokens(t, b, ttl, 2)
+	if _, err := b.Acquire(ctx, "k0", toks[0], ttl); err != nil {
+		t.Fatal(err)
+	}
+	id := leaseOf(ctx, t, cli, toks[0])
+	for { // wait out the lease, with nothing renewing it
+		left, err := cli.TimeToLive(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if left.TTL == -1 { // expired (0 is its last second)
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	_, err := b.Acquire(ctx, "k1", toks[1], ttl)
+	if !errors.Is(err, backend.ErrContended) {
+		t.Fatalf("Acquire with a token of the expired session: %v; want ErrContended", err)
+	}
+	if h, err := b.Inspect(ctx, "k1"); err != nil || h.Held {
+		t.Errorf("Inspect k1 after the refused acquire: %+v, %v; want free", h, err)
+	}
+	p, err := b.TokenPrefix(ttl)
+	if err != nil || p == toks[0][:8] {
+		t.Errorf("TokenPrefix after the session ended: %q, %v; want a new session (it was %q)", p, err, toks[0][:8])
+	}
+}
