@@ -109,7 +109,7 @@ type session struct {
 	sid  string
 	secs int64 // the TTL of its locks, in seconds
 
-	grant chan struct{} // held while granting the lease; heeds ctx
+	grant chan struct{} // held while granting the lease (only then); heeds ctx
 
 	mu        sync.Mutex
 	id        clientv3.LeaseID // clientv3.NoLease until granted
@@ -190,6 +190,12 @@ func (ss *sessions) lookup(token string) *session {
 // lease returns the session's lease, granting it first if need be, with
 // the send time of its latest confirmed refresh.
 func (s *session) lease(ctx context.Context, b *Backend) (clientv3.LeaseID, time.Time, error) {
+	s.mu.Lock()
+	id, refreshed, ended := s.id, s.refreshed, s.ended
+	s.mu.Unlock()
+	if id != clientv3.NoLease || ended {
+		return s.granted(id, refreshed, ended)
+	}
 	select {
 	case s.grant <- struct{}{}:
 	case <-ctx.Done():
@@ -197,13 +203,10 @@ func (s *session) lease(ctx context.Context, b *Backend) (clientv3.LeaseID, time
 	}
 	defer func() { <-s.grant }()
 	s.mu.Lock()
-	id, refreshed, ended := s.id, s.refreshed, s.ended
+	id, refreshed, ended = s.id, s.refreshed, s.ended // granted while this call waited?
 	s.mu.Unlock()
-	if ended {
-		return clientv3.NoLease, time.Time{}, errSessionEnded
-	}
-	if id != clientv3.NoLease {
-		return id, refreshed, nil
+	if id != clientv3.NoLease || ended {
+		return s.granted(id, refreshed, ended)
 	}
 	sent := time.Now()
 	resp, err := b.cli.Grant(ctx, leaseSecs(s.secs))
@@ -216,6 +219,14 @@ func (s *session) lease(ctx context.Context, b *Backend) (clientv3.LeaseID, time
 	s.id, s.refreshed = resp.ID, sent
 	s.mu.Unlock()
 	return resp.ID, sent, nil
+}
+
+// granted answers lease for a session whose lease was granted, or ended.
+func (s *session) granted(id clientv3.LeaseID, refreshed time.Time, ended bool) (clientv3.LeaseID, time.Time, error) {
+	if ended {
+		return clientv3.NoLease, time.Time{}, errSessionEnded
+	}
+	return id, refreshed, nil
 }
 
 // touch records that the store confirmed a grant or keep-alive of the

@@ -166,20 +166,15 @@ func TestForeignReleaseRevokesNoSessionLease(t *testing.T) {
 // any of them; back, its renewals find them lost, and a new lease joins a
 // new session.
 func TestSessionCutOffLosesItsLocksBeforeOthersTakeThem(t *testing.T) {
-	srv := startEtcd(t)
+	cut, px, addr := proxiedSessions(t)
 	ctx := ctxFor(t)
-	px := faultproxy.Start(t, srv.Addr)
-	cut, err := etcd.New(newClient(t, px.Addr), etcd.WithElectionTimeout(electionTimeout), etcd.WithSessions(true))
-	if err != nil {
-		t.Fatal(err)
-	}
 	ttl := time.Second
 	a, err := lock.New(cut, lock.WithTTL(ttl))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	ob, _ := newBackend(t, srv.Addr)
+	ob, _ := newBackend(t, addr)
 	o, err := lock.New(ob, lock.WithTTL(ttl))
 	if err != nil {
 		t.Fatal(err)
@@ -230,25 +225,18 @@ func TestSessionCutOffLosesItsLocksBeforeOthersTakeThem(t *testing.T) {
 // acquire could still attach a key to it (the tombstones' own lease lives
 // 15 to 30s): the acquire, arriving late, takes nothing.
 func TestSessionDoubtfulTokensTombstoneLivesWithTheSession(t *testing.T) {
-	srv := startEtcd(t)
+	b, px, addr := proxiedSessions(t)
 	ctx := ctxFor(t)
-	px := faultproxy.Start(t, srv.Addr)
-	cli := newClient(t, px.Addr)
-	b, err := etcd.New(cli, etcd.WithElectionTimeout(electionTimeout), etcd.WithSessions(true))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
 	ttl := 2 * time.Second
 	toks := sessionTokens(t, b, ttl, 2)
 	if _, err := b.Acquire(ctx, "k1", toks[1], ttl); err != nil { // the session's lease
 		t.Fatal(err)
 	}
-	direct := newClient(t, srv.Addr)
+	direct := newClient(t, addr)
 	session := leaseOf(ctx, t, direct, toks[1])
 	px.Hold(faultproxy.ToServer)
 	actx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-	_, err = b.Acquire(actx, "k0", toks[0], ttl)
+	_, err := b.Acquire(actx, "k0", toks[0], ttl)
 	cancel()
 	if err == nil || errors.Is(err, backend.ErrInvalid) {
 		t.Fatalf("Acquire through a held link: %v; want an error of unknown outcome", err)
@@ -293,14 +281,8 @@ func TestSessionDoubtfulTokensTombstoneLivesWithTheSession(t *testing.T) {
 // keep alive: the backend sends it again after the session's renewals,
 // and the key is free soon after, while the other lock stays held.
 func TestSessionReleaseOfUnknownOutcomeIsSentAgain(t *testing.T) {
-	srv := startEtcd(t)
+	b, px, addr := proxiedSessions(t)
 	ctx := ctxFor(t)
-	px := faultproxy.Start(t, srv.Addr)
-	b, err := etcd.New(newClient(t, px.Addr), etcd.WithElectionTimeout(electionTimeout), etcd.WithSessions(true))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
 	ttl := 2 * time.Second
 	toks := sessionTokens(t, b, ttl, 2)
 	for i, tok := range toks {
@@ -310,14 +292,14 @@ func TestSessionReleaseOfUnknownOutcomeIsSentAgain(t *testing.T) {
 	}
 	px.Hold(faultproxy.ToServer)
 	rctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-	err = b.Release(rctx, "k0", toks[0])
+	err := b.Release(rctx, "k0", toks[0])
 	cancel()
 	if err == nil || errors.Is(err, backend.ErrNotHeld) {
 		t.Fatalf("Release through a held link: %v; want an error of unknown outcome", err)
 	}
 	px.Reset() // the release never arrives
 	px.Deliver(faultproxy.ToServer)
-	direct := newClient(t, srv.Addr)
+	direct := newClient(t, addr)
 	for deadline := time.Now().Add(3 * ttl); ; {
 		b.Renew(ctx, "k1", toks[1], ttl) // the session's renewal; may meet the reset link first
 		if leaseOf(ctx, t, direct, toks[0]) == clientv3.NoLease {
@@ -368,4 +350,19 @@ func TestSessionExpiredWhileIdleTakesNothing(t *testing.T) {
 	if err != nil || p == toks[0][:8] {
 		t.Errorf("TokenPrefix after the session ended: %q, %v; want a new session (it was %q)", p, err, toks[0][:8])
 	}
+}
+
+// proxiedSessions returns a backend with sessions that reaches a new etcd
+// member through a fault proxy, with both; the backend closes at the end
+// of the test.
+func proxiedSessions(t *testing.T) (*etcd.Backend, *faultproxy.Proxy, string) {
+	t.Helper()
+	srv := startEtcd(t)
+	px := faultproxy.Start(t, srv.Addr)
+	b, err := etcd.New(newClient(t, px.Addr), etcd.WithElectionTimeout(electionTimeout), etcd.WithSessions(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b, px, srv.Addr
 }
