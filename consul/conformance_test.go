@@ -26,8 +26,9 @@ func TestMain(m *testing.M) {
 // fault proxy of its own, so that one client can be cut off.
 type harness struct {
 	faultproxy.Hooks
-	t     *testing.T
-	agent *consultest.Agent
+	t        *testing.T
+	agent    *consultest.Agent
+	sessions bool // the backends share sessions (consul.WithSessions)
 }
 
 var (
@@ -94,7 +95,7 @@ func (o *owns) Close() error {
 
 func (h *harness) NewBackend(context.Context) (backend.Backend, error) {
 	px := faultproxy.Start(h.t, h.agent.Addr)
-	b, _ := newBackend(h.t, px.Addr, consul.WithMaxTTL(harnessMaxTTL))
+	b, _ := newBackend(h.t, px.Addr, consul.WithMaxTTL(harnessMaxTTL), consul.WithSessions(h.sessions))
 	b.px, b.hooks = px, &h.Hooks
 	h.Add(b, px)
 	return b, nil
@@ -115,7 +116,7 @@ const harnessMaxTTL = 10 * time.Minute
 // reach the agent directly, with the agents' minimum session TTL and the
 // harness's maximum TTL.
 func (h *harness) ContenderURL(context.Context) (string, error) {
-	return fmt.Sprintf("consul://%s?minttl=%v&maxttl=%v", h.agent.Addr, consultest.MinTTL, harnessMaxTTL), nil
+	return fmt.Sprintf("consul://%s?minttl=%v&maxttl=%v&sessions=%v", h.agent.Addr, consultest.MinTTL, harnessMaxTTL, h.sessions), nil
 }
 
 func (h *harness) Pause(context.Context) error  { h.agent.Stop(); return nil }

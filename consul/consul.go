@@ -133,6 +133,8 @@
 //	             DefaultMaxTTL, 1m; WithMaxTTL)
 //	lockdelay    the sessions' lock-delay, 0 to MaxLockDelay (default
 //	             DefaultLockDelay)
+//	sessions     true: the self-renewing locks of one TTL share a
+//	             session (WithSessions; default false)
 //	token        ACL token (a secret: lock.RedactURL and lock.Open's
 //	             errors hide it)
 //	token_file   path of a file holding the ACL token (surrounding white
@@ -268,6 +270,7 @@ type options struct {
 	minTTL    time.Duration
 	maxTTL    time.Duration
 	lockDelay time.Duration
+	sessions  bool // WithSessions
 	closeCli  func()
 }
 
@@ -325,6 +328,8 @@ type Backend struct {
 	// allows one address.
 	sessionRenewals chan struct{}
 
+	shared *sharedSessions // nil without WithSessions
+
 	closed  atomic.Bool
 	waiters *waitq.Group   // the places of queues, and their leaves
 	bg      sync.WaitGroup // background destroys and watches
@@ -341,6 +346,7 @@ type owned struct {
 	renewed time.Time // send time of the session's latest confirmed creation or renewal
 	rec     string    // a lock handed over: the waiter's queue record, deleted by the release
 	next    []waiter  // a lock handed over: the waiters known to queue after it
+	shared  *shared   // the shared session, when session is one (sessions.go)
 }
 
 // tomb says how a token ended.
@@ -373,7 +379,7 @@ func New(cli *api.Client, opts ...Option) (*Backend, error) {
 		return nil, fmt.Errorf("%w: consul: prefix %q %s: Consul's HTTP API would read other entries than the transactions write; want printable UTF-8 whose segments before the last '/' are not empty, \".\" or \"..\", such as %q", backend.ErrInvalid, o.prefix, why, DefaultPrefix)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Backend{
+	b := &Backend{
 		lossWatches:     make(chan struct{}, maxLossWatches),
 		sessionRenewals: make(chan struct{}, renewConcurrency),
 		cli:             cli,
@@ -385,7 +391,11 @@ func New(cli *api.Client, opts ...Option) (*Backend, error) {
 		waiters:         waitq.NewGroup(),
 		ctx:             ctx,
 		cancel:          cancel,
-	}, nil
+	}
+	if o.sessions {
+		b.shared = newSharedSessions(b)
+	}
+	return b, nil
 }
 
 // Capabilities implements backend.Describer.
@@ -484,6 +494,11 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Durat
 		return backend.Grant{Fence: o.fence, TTL: o.ttl}, nil
 	}
 	b.mu.Unlock()
+	if b.shared != nil {
+		if s := b.shared.lookup(token); s != nil {
+			return b.acquireShared(ctx, key, token, ttl, s)
+		}
+	}
 
 	for {
 		g, retry, err := b.attempt(ctx, key, token, ttl)
@@ -654,6 +669,9 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 	if o.key != b.entry(key) {
 		return fmt.Errorf("%w: consul: %q is not held by this token", backend.ErrNotHeld, key)
 	}
+	if o.shared != nil {
+		return b.releaseShared(ctx, key, token, o)
+	}
 	b.mu.Lock()
 	rec, next, renewed := o.rec, o.next, o.renewed
 	b.mu.Unlock()
@@ -779,14 +797,17 @@ func (b *Backend) releaseOther(ctx context.Context, key, token string) error {
 }
 
 // destroyLater forgets token's attempt and destroys its session in the
-// background.
+// background; a shared session, which holds other locks, is left alone:
+// the renewals that call this for one found the lock gone.
 func (b *Backend) destroyLater(token string) {
 	b.mu.Lock()
 	o := b.owned[token]
 	b.mu.Unlock()
 	if o != nil {
 		b.kill(token, false)
-		b.destroy(o.session)
+		if o.shared == nil {
+			b.destroy(o.session)
+		}
 	}
 }
 
@@ -849,6 +870,9 @@ func (b *Backend) Close() error {
 		return nil
 	}
 	b.waiters.Close()
+	if b.shared != nil {
+		b.shared.close()
+	}
 	b.cancel()
 	for _, id := range b.pool.drain() {
 		b.destroy(id)

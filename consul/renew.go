@@ -63,9 +63,16 @@ func (b *Backend) RenewBatch(ctx context.Context, rs []backend.Renewal) []backen
 type renewal struct {
 	key, token string
 	o          *owned
-	alive      bool   // the session renewal found the session
-	renewErr   error  // the session renewal's error: outcome unknown
-	notHeld    string // why the check failed; "" when it passed or is unknown
+	s          *sessionRenewal // its session's renewal
+	notHeld    string          // why the check failed; "" when it passed or is unknown
+}
+
+// sessionRenewal is one session's renewal in a batch.
+type sessionRenewal struct {
+	id     string
+	shared *shared // nil: a session of one lock
+	alive  bool    // the renewal found the session
+	err    error   // the renewal's error: outcome unknown
 }
 
 // renew runs the renewals rs and returns each one's answer.
@@ -96,19 +103,27 @@ func (b *Backend) renew(ctx context.Context, rs []backend.Renewal) []backend.Ren
 		return out
 	}
 	sent := time.Now()
+	// One renewal per session: locks of a shared session share it.
+	bySession := map[string]*sessionRenewal{}
+	for _, w := range ws {
+		if bySession[w.o.session] == nil {
+			bySession[w.o.session] = &sessionRenewal{id: w.o.session, shared: w.o.shared}
+		}
+		w.s = bySession[w.o.session]
+	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		var rg sync.WaitGroup
-		for _, w := range ws {
+		for _, sr := range bySession {
 			select {
 			case b.sessionRenewals <- struct{}{}:
 			case <-ctx.Done():
-				w.renewErr = ctx.Err() // not sent; unknown to the caller all the same
+				sr.err = ctx.Err() // not sent; unknown to the caller all the same
 				continue
 			}
 			rg.Go(func() {
 				defer func() { <-b.sessionRenewals }()
-				w.alive, w.renewErr = b.renewSession(ctx, w.o.session)
+				sr.alive, sr.err = b.renewSession(ctx, sr.id)
 			})
 		}
 		rg.Wait()
@@ -122,19 +137,29 @@ func (b *Backend) renew(ctx context.Context, rs []backend.Renewal) []backend.Ren
 		}
 	}
 	wg.Wait()
+	for _, sr := range bySession {
+		switch {
+		case sr.shared == nil:
+		case sr.err == nil && sr.alive:
+			sr.shared.touch(sent)
+			b.shared.resend(sr.shared)
+		case sr.err == nil:
+			sr.shared.end()
+		}
+	}
 	for j, w := range ws {
 		i := idx[j]
 		switch err := checkErrs[j]; {
 		case w.notHeld != "":
 			b.destroyLater(w.token)
 			out[i].Err = fmt.Errorf("%w: consul: %q: %s", backend.ErrNotHeld, w.key, w.notHeld)
-		case w.renewErr == nil && !w.alive:
+		case w.s.err == nil && !w.s.alive:
 			b.destroyLater(w.token)
 			out[i].Err = fmt.Errorf("%w: consul: %q: %v", backend.ErrNotHeld, w.key, errSessionGone)
 		case err != nil:
 			out[i].Err = fmt.Errorf("consul: renew %q: %w", w.key, err)
-		case w.renewErr != nil:
-			out[i].Err = fmt.Errorf("consul: renew %q: %w", w.key, w.renewErr)
+		case w.s.err != nil:
+			out[i].Err = fmt.Errorf("consul: renew %q: %w", w.key, w.s.err)
 		default:
 			b.mu.Lock()
 			if sent.After(w.o.renewed) {
@@ -155,7 +180,7 @@ func (b *Backend) checkHeld(ctx context.Context, ws []*renewal) error {
 	for len(ws) > 0 {
 		ops := make(api.TxnOps, len(ws))
 		for i, w := range ws {
-			ops[i] = &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVCheckSession, Key: w.o.key, Session: w.o.session}}
+			ops[i] = &api.TxnOp{KV: heldCheck(w.o)}
 		}
 		ok, resp, _, err := b.cli.Txn().Txn(ops, (&api.QueryOptions{}).WithContext(ctx))
 		if err != nil {
@@ -186,4 +211,15 @@ func (b *Backend) checkHeld(ctx context.Context, ws []*renewal) error {
 		ws = rest
 	}
 	return nil
+}
+
+// heldCheck is the check that o's lock is still held: that its entry is
+// locked by its session or, for a lock of a shared session, which may
+// hold the entry again for another lease, that the entry is still at the
+// fence's index (see Shared sessions in sessions.go).
+func heldCheck(o *owned) *api.KVTxnOp {
+	if o.shared != nil {
+		return &api.KVTxnOp{Verb: api.KVCheckIndex, Key: o.key, Index: o.fence}
+	}
+	return &api.KVTxnOp{Verb: api.KVCheckSession, Key: o.key, Session: o.session}
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -20,7 +21,7 @@ import (
 
 // urlParams are the query parameters of consul:// and consuls:// URLs
 // besides lock.TLSParams (which only consuls:// accepts).
-var urlParams = []string{"lockdelay", "maxttl", "minttl", "prefix", "token", "token_file"}
+var urlParams = []string{"lockdelay", "maxttl", "minttl", "prefix", "sessions", "token", "token_file"}
 
 func init() {
 	params := append(slices.Clone(urlParams), lock.TLSParams...)
@@ -138,6 +139,13 @@ func parseURL(u *url.URL) (*api.Config, []Option, error) {
 			}
 			opts = append(opts, p.set(d))
 		}
+	}
+	if v, ok := q["sessions"]; ok {
+		on, err := strconv.ParseBool(v[0])
+		if err != nil {
+			return fail("sessions=%q: want true or false", v[0])
+		}
+		opts = append(opts, WithSessions(on))
 	}
 	if v, ok := q["maxttl"]; ok {
 		lo := DefaultMinTTL
