@@ -1,8 +1,10 @@
 package backend
 
 import (
+	"context"
 	crand "crypto/rand"
 	"sync"
+	"time"
 )
 
 // Session ids for a TokenPrefixer. A backend whose leases share a session
@@ -63,8 +65,9 @@ func SessionID(token string) string {
 // acquisition's lock, never another owner's; sent again after it took
 // effect, it finds the token dead (its tombstone) and changes nothing.
 type PendingReleases struct {
-	mu sync.Mutex
-	m  map[PendingRelease]struct{}
+	mu        sync.Mutex
+	m         map[PendingRelease]struct{}
+	resending bool // a Resend is running
 }
 
 // PendingRelease names one lock: its key, as the backend names it, and
@@ -96,4 +99,115 @@ func (p *PendingReleases) List() []PendingRelease {
 		out = append(out, r)
 	}
 	return out
+}
+
+// Resend sends the pending releases again, one after another, with
+// release (which records each outcome with Record), in a goroutine that
+// start runs; start returns false when the backend is closing, and then
+// nothing is sent. One Resend runs at a time (another call meanwhile does
+// nothing), and it gives up after within. A backend calls it after each
+// confirmed renewal of the session: while the session lives, so may the
+// locks of its pending releases.
+func (p *PendingReleases) Resend(start func(func()) bool, within time.Duration, release func(ctx context.Context, key, token string)) {
+	ls := p.List()
+	p.mu.Lock()
+	if p.resending || len(ls) == 0 {
+		p.mu.Unlock()
+		return
+	}
+	p.resending = true
+	p.mu.Unlock()
+	done := func() {
+		p.mu.Lock()
+		p.resending = false
+		p.mu.Unlock()
+	}
+	if !start(func() {
+		defer done()
+		ctx, cancel := context.WithTimeout(context.Background(), within)
+		defer cancel()
+		for _, l := range ls {
+			if ctx.Err() != nil {
+				return
+			}
+			release(ctx, l.Key, l.Token)
+		}
+	}) {
+		done()
+	}
+}
+
+// Sessions is a backend's table of sessions of type S: the one that new
+// leases of each class (their TTL, as the backend rounds it) join, and
+// every one that a token may still name. The zero value is ready; it is
+// safe for concurrent use.
+type Sessions[S any] struct {
+	mu      sync.Mutex
+	current map[time.Duration]sessionOf[S]
+	byID    map[string]S
+	closed  bool
+	wg      sync.WaitGroup // Start's goroutines
+}
+
+type sessionOf[S any] struct {
+	id string
+	s  S
+}
+
+// Current returns the session that a new lease of class joins, and its
+// id: the latest one of class while usable (called with the table locked)
+// says it still is, or else a new one that open makes for a new id from
+// NewSessionID. A session that is no longer usable is forgotten: a token
+// that names it finds none (Lookup), and its backend gives such a token's
+// acquire a lease of its own or refuses it. After Close, ErrClosed.
+func (t *Sessions[S]) Current(class time.Duration, usable func(S) bool, open func(id string) S) (S, string, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		var zero S
+		return zero, "", ErrClosed
+	}
+	if c, ok := t.current[class]; ok {
+		if usable(c.s) {
+			return c.s, c.id, nil
+		}
+		delete(t.byID, c.id)
+	}
+	if t.current == nil {
+		t.current, t.byID = map[time.Duration]sessionOf[S]{}, map[string]S{}
+	}
+	id := NewSessionID()
+	c := sessionOf[S]{id: id, s: open(id)}
+	t.current[class], t.byID[id] = c, c.s
+	return c.s, id, nil
+}
+
+// Lookup returns the session that token names, when the table has it.
+func (t *Sessions[S]) Lookup(token string) (S, bool) {
+	id := SessionID(token)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s, ok := t.byID[id]
+	return s, ok && id != ""
+}
+
+// Start runs f in a goroutine, unless the table is closed (false); Close
+// waits for it.
+func (t *Sessions[S]) Start(f func()) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return false
+	}
+	t.wg.Go(f)
+	return true
+}
+
+// Close makes Current answer ErrClosed and Start refuse, and waits for
+// the goroutines Start runs.
+func (t *Sessions[S]) Close() {
+	t.mu.Lock()
+	t.closed = true
+	t.mu.Unlock()
+	t.wg.Wait()
 }

@@ -617,9 +617,11 @@ func startLeaseTarget(store string, ttl time.Duration) leaseTarget {
 	case "etcd-sessions":
 		return startEtcdLeases(ttl, true)
 	case "consul":
-		return startConsulLeases(ttl)
+		return startConsulLeases(ttl, false)
+	case "consul-sessions":
+		return startConsulLeases(ttl, true)
 	}
-	fatal(fmt.Errorf("-store %q: want redis, redis-sessions, etcd, etcd-sessions or consul", store))
+	fatal(fmt.Errorf("-store %q: want redis, redis-sessions, etcd, etcd-sessions, consul or consul-sessions", store))
 	return leaseTarget{}
 }
 
@@ -1028,7 +1030,7 @@ func (t *timedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // default, GOMAXPROCS+1.
 var consulIdle int
 
-func startConsulLeases(ttl time.Duration) leaseTarget {
+func startConsulLeases(ttl time.Duration, sessions bool) leaseTarget {
 	addr, pid, stopAgent := startConsul()
 	waitConsul(addr)
 	var dials atomic.Int64
@@ -1049,7 +1051,7 @@ func startConsulLeases(ttl time.Duration) leaseTarget {
 	if err != nil {
 		fatal(err)
 	}
-	b, err := lockconsul.New(cli, lockconsul.WithMinTTL(consultest.MinTTL))
+	b, err := lockconsul.New(cli, lockconsul.WithMinTTL(consultest.MinTTL), lockconsul.WithSessions(sessions))
 	if err != nil {
 		fatal(err)
 	}

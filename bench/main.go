@@ -402,7 +402,7 @@ func main() {
 	hotDur := flag.Duration("hot", 3*time.Second, "length of one hot-key measurement")
 	only := flag.String("only", "", "comma-separated scenarios to run (default all): one,own,hot,sep,procs for Redis, one,hot,sep for Consul and etcd, and ops for etcd (each request of a one-goroutine cycle, timed) (sep: the hot key with 16 separate clients in this process; procs: with 16 separate processes); leases (many leases held by one client, on any store; never part of the default, and run alone)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
-	store := flag.String("store", "redis", "the store to measure: redis (this library beside redislock, redsync and the floors), consul (beside api.Lock) or etcd (beside concurrency.Mutex); for the leases scenario also redis-sessions (redis.WithSessions) and etcd-sessions (etcd.WithSessions)")
+	store := flag.String("store", "redis", "the store to measure: redis (this library beside redislock, redsync and the floors), consul (beside api.Lock) or etcd (beside concurrency.Mutex); for the leases scenario also redis-sessions (redis.WithSessions), etcd-sessions (etcd.WithSessions) and consul-sessions (consul.WithSessions)")
 	leaseCounts := flag.String("leases", "1000,10000", "leases scenario: comma-separated numbers of leases held at once, each measured on a server started afresh (10k, 1m allowed)")
 	leaseHold := flag.Duration("hold", 10*time.Second, "leases scenario: how long the leases are held")
 	leaseTTL := flag.Duration("leasettl", 6*time.Second, "leases scenario: the leases' TTL (auto-renew every TTL/3)")

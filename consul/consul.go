@@ -51,6 +51,11 @@
 // lock's TTL (see reserveOf), so the store keeps the lock at least its TTL
 // after the acquire was sent.
 //
+// With WithSessions, the self-renewing locks of one TTL that a backend
+// takes with Acquire share one session instead, renewed once per batch
+// however many locks it holds; sessions.go has the design and why it keeps
+// the promises.
+//
 // # Guarantees
 //
 //	fence            | the Raft index of the write that granted the lock:
@@ -495,7 +500,7 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	}
 	b.mu.Unlock()
 	if b.shared != nil {
-		if s := b.shared.lookup(token); s != nil {
+		if s, ok := b.shared.Lookup(token); ok {
 			return b.acquireShared(ctx, key, token, ttl, s)
 		}
 	}
@@ -871,7 +876,7 @@ func (b *Backend) Close() error {
 	}
 	b.waiters.Close()
 	if b.shared != nil {
-		b.shared.close()
+		b.shared.Close()
 	}
 	b.cancel()
 	for _, id := range b.pool.drain() {

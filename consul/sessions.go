@@ -123,17 +123,11 @@ func WithSessions(on bool) Option { return func(o *options) { o.sessions = on } 
 // of each TTL join, and every one whose locks may still renew.
 type sharedSessions struct {
 	b *Backend
-
-	mu     sync.Mutex
-	byTTL  map[time.Duration]*shared
-	bySID  map[string]*shared
-	closed bool
-	wg     sync.WaitGroup // resends in flight
+	backend.Sessions[*shared]
 }
 
 // shared is one shared session.
 type shared struct {
-	sid string        // its id in tokens (backend.SessionPrefix)
 	ttl time.Duration // the TTL of its locks
 
 	create chan struct{} // held while creating the Consul session (only then); heeds ctx
@@ -143,14 +137,11 @@ type shared struct {
 	refreshed time.Time // send of the latest creation or renewal Consul confirmed
 	made      time.Time
 	ended     bool // Consul no longer knows it: no new lock joins it
-	resending bool // the pending releases are being sent again
 
 	pending backend.PendingReleases
 }
 
-func newSharedSessions(b *Backend) *sharedSessions {
-	return &sharedSessions{b: b, byTTL: map[time.Duration]*shared{}, bySID: map[string]*shared{}}
-}
+func newSharedSessions(b *Backend) *sharedSessions { return &sharedSessions{b: b} }
 
 // TokenPrefix implements backend.TokenPrefixer: with shared sessions, "S"
 // and the id of the session a lease of ttl joins; without them, "".
@@ -161,52 +152,23 @@ func (b *Backend) TokenPrefix(ttl time.Duration) (string, error) {
 	if err := b.check(ttl); err != nil {
 		return "", err
 	}
-	s, err := b.shared.current(ttl)
+	_, id, err := b.shared.Current(ttl, usable, func(string) *shared {
+		return &shared{ttl: ttl, create: make(chan struct{}, 1), made: time.Now()}
+	})
 	if err != nil {
 		return "", err
 	}
-	return backend.SessionPrefix(s.sid), nil
+	return backend.SessionPrefix(id), nil
 }
 
-// current returns the shared session that a new lock of ttl joins: the
-// latest one, unless it ended or may have (created, and not renewed in the
-// last half TTL: then a new one, rather than an acquire that finds the
-// session expired while idle).
-func (ss *sharedSessions) current(ttl time.Duration) (*shared, error) {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	if ss.closed {
-		return nil, backend.ErrClosed
-	}
-	if s := ss.byTTL[ttl]; s != nil {
-		s.mu.Lock()
-		usable := !s.ended && (s.id == "" && time.Since(s.made) < ttl || time.Since(s.refreshed) < ttl/2)
-		s.mu.Unlock()
-		if usable {
-			return s, nil
-		}
-		// Forget it: nothing renewed it for half a TTL, so no lock of it
-		// is renewing. Its locks, if any, keep it (owned.shared); a token
-		// of it that an acquire still carries finds no session and takes
-		// a session of its own.
-		delete(ss.bySID, s.sid)
-	}
-	s := &shared{sid: backend.NewSessionID(), ttl: ttl, create: make(chan struct{}, 1), made: time.Now()}
-	ss.byTTL[ttl] = s
-	ss.bySID[s.sid] = s
-	return s, nil
-}
-
-// lookup returns the shared session of this backend that token names, or
-// nil.
-func (ss *sharedSessions) lookup(token string) *shared {
-	sid := backend.SessionID(token)
-	if sid == "" {
-		return nil
-	}
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	return ss.bySID[sid]
+// usable reports whether new locks may still join s: it did not end, and
+// it was renewed in the last half TTL (or is being created). Otherwise
+// new locks join a new session rather than find s expired while idle; no
+// lock of s is renewing, and its locks, if any, keep it (owned.shared).
+func usable(s *shared) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !s.ended && (s.id == "" && time.Since(s.made) < s.ttl || time.Since(s.refreshed) < s.ttl/2)
 }
 
 // session returns the Consul session of s, creating it first if need be,
@@ -239,7 +201,7 @@ func (s *shared) session(ctx context.Context, b *Backend) (string, time.Time, er
 	sent := time.Now()
 	// A creation whose answer was lost leaves a session that holds
 	// nothing: it expires.
-	id, err := b.createSession(ctx, "session "+s.sid, s.ttl)
+	id, err := b.createSession(ctx, "shared session", s.ttl)
 	if err != nil {
 		return "", time.Time{}, err
 	}
@@ -530,50 +492,10 @@ func (b *Backend) releaseDoubtful(ctx context.Context, key, token string, o *own
 	return nil, true
 }
 
-// resend sends the pending releases of s's locks again, in the background,
-// within a TTL; Close waits for it.
+// resend sends the pending releases of s's locks again, in the
+// background, within a TTL; Close waits for it.
 func (ss *sharedSessions) resend(s *shared) {
-	ls := s.pending.List()
-	s.mu.Lock()
-	if s.resending || len(ls) == 0 {
-		s.mu.Unlock()
-		return
-	}
-	s.resending = true
-	s.mu.Unlock()
-	ss.mu.Lock()
-	if ss.closed {
-		ss.mu.Unlock()
-		s.mu.Lock()
-		s.resending = false
-		s.mu.Unlock()
-		return
-	}
-	ss.wg.Add(1)
-	ss.mu.Unlock()
-	go func() {
-		defer ss.wg.Done()
-		defer func() {
-			s.mu.Lock()
-			s.resending = false
-			s.mu.Unlock()
-		}()
-		ctx, cancel := context.WithTimeout(context.Background(), s.ttl)
-		defer cancel()
-		for _, l := range ls {
-			if ctx.Err() != nil || ss.b.closed.Load() {
-				return
-			}
-			ss.b.Release(ctx, l.Key, l.Token) // records its outcome
-		}
-	}()
-}
-
-// close stops new shared sessions and waits for the resends in flight.
-// The sessions expire by themselves.
-func (ss *sharedSessions) close() {
-	ss.mu.Lock()
-	ss.closed = true
-	ss.mu.Unlock()
-	ss.wg.Wait()
+	s.pending.Resend(ss.Start, s.ttl, func(ctx context.Context, key, token string) {
+		ss.b.Release(ctx, key, token) // records its outcome
+	})
 }

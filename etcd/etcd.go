@@ -492,7 +492,7 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	}
 	secs := seconds(ttl)
 	if b.sessions != nil {
-		if s := b.sessions.lookup(token); s != nil {
+		if s, ok := b.sessions.Lookup(token); ok {
 			return b.acquireInSession(ctx, key, token, secs, s)
 		}
 	}
@@ -885,7 +885,7 @@ func (b *Backend) Close() error {
 	b.queues.close()
 	b.waiters.Close()
 	if b.sessions != nil {
-		b.sessions.close()
+		b.sessions.Close()
 	}
 	b.ka.close()
 	if b.opts.closeClient {

@@ -96,17 +96,11 @@ func WithSessions(on bool) Option { return func(o *options) { o.sessions = on } 
 // join, and every one whose locks may still renew.
 type sessions struct {
 	b *Backend
-
-	mu     sync.Mutex
-	bySecs map[int64]*session
-	bySID  map[string]*session
-	closed bool
-	wg     sync.WaitGroup // resends in flight
+	backend.Sessions[*session]
 }
 
 // session is one session: its lease, once granted.
 type session struct {
-	sid  string
 	secs int64 // the TTL of its locks, in seconds
 
 	grant chan struct{} // held while granting the lease (only then); heeds ctx
@@ -116,16 +110,13 @@ type session struct {
 	refreshed time.Time        // send of the latest grant or keep-alive the store confirmed
 	made      time.Time        // when the session was made
 	ended     bool             // its lease is gone: no new lock joins it
-	resending bool             // the pending releases are being sent again (resend)
 
 	// pending are the session's locks (by the caller's key) whose
 	// release had an unknown outcome (see released).
 	pending backend.PendingReleases
 }
 
-func newSessions(b *Backend) *sessions {
-	return &sessions{b: b, bySecs: map[int64]*session{}, bySID: map[string]*session{}}
-}
+func newSessions(b *Backend) *sessions { return &sessions{b: b} }
 
 // TokenPrefix implements backend.TokenPrefixer: with sessions, "S" and the
 // id of the session a lease of ttl joins.
@@ -139,52 +130,26 @@ func (b *Backend) TokenPrefix(ttl time.Duration) (string, error) {
 	if err := b.checkTTL(ttl); err != nil {
 		return "", err
 	}
-	s, err := b.sessions.current(seconds(ttl))
+	secs := seconds(ttl)
+	_, id, err := b.sessions.Current(time.Duration(secs)*time.Second, usable, func(string) *session {
+		return &session{secs: secs, grant: make(chan struct{}, 1), made: time.Now()}
+	})
 	if err != nil {
 		return "", err
 	}
-	return backend.SessionPrefix(s.sid), nil
+	return backend.SessionPrefix(id), nil
 }
 
-// current returns the session that a new lock of secs seconds joins: the
-// latest one, unless it ended or may have (its lease was granted, and
-// nothing refreshed it in the last half TTL: then a new one, rather than
-// an acquire that finds the lease expired while idle).
-func (ss *sessions) current(secs int64) (*session, error) {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	if ss.closed {
-		return nil, backend.ErrClosed
-	}
-	if s := ss.bySecs[secs]; s != nil {
-		s.mu.Lock()
-		usable := !s.ended && (s.id == clientv3.NoLease && time.Since(s.made) < time.Duration(secs)*time.Second ||
-			time.Since(s.refreshed) < time.Duration(secs)*time.Second/2)
-		s.mu.Unlock()
-		if usable {
-			return s, nil
-		}
-		// Forget it: nothing renewed it for half a TTL, so no lock of
-		// it is renewing. Its locks, if any, keep it through their
-		// leases (heldLease.session); a token of it that an acquire
-		// still carries finds no session and gets a lease of its own.
-		delete(ss.bySID, s.sid)
-	}
-	s := &session{sid: backend.NewSessionID(), secs: secs, grant: make(chan struct{}, 1), made: time.Now()}
-	ss.bySecs[secs] = s
-	ss.bySID[s.sid] = s
-	return s, nil
-}
-
-// lookup returns the session of this backend that token names, or nil.
-func (ss *sessions) lookup(token string) *session {
-	sid := backend.SessionID(token)
-	if sid == "" {
-		return nil
-	}
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	return ss.bySID[sid]
+// usable reports whether new locks may still join s: its lease is not
+// gone, and was refreshed in the last half TTL (or is being granted).
+// Otherwise new locks join a new session rather than find the lease
+// expired while idle; no lock of s is renewing, and its locks, if any,
+// keep it through their leases (heldLease.session).
+func usable(s *session) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ttl := time.Duration(s.secs) * time.Second
+	return !s.ended && (s.id == clientv3.NoLease && time.Since(s.made) < ttl || time.Since(s.refreshed) < ttl/2)
 }
 
 // lease returns the session's lease, granting it first if need be, with
@@ -290,47 +255,7 @@ func (s *session) released(key, token string, known bool) {
 // resend sends the pending releases of s's locks again, in the
 // background, within a TTL; Close waits for it.
 func (ss *sessions) resend(s *session) {
-	ls := s.pending.List()
-	s.mu.Lock()
-	if s.resending || len(ls) == 0 {
-		s.mu.Unlock()
-		return
-	}
-	s.resending = true
-	s.mu.Unlock()
-	ss.mu.Lock()
-	if ss.closed {
-		ss.mu.Unlock()
-		s.mu.Lock()
-		s.resending = false
-		s.mu.Unlock()
-		return
-	}
-	ss.wg.Add(1)
-	ss.mu.Unlock()
-	go func() {
-		defer ss.wg.Done()
-		defer func() {
-			s.mu.Lock()
-			s.resending = false
-			s.mu.Unlock()
-		}()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(s.secs)*time.Second)
-		defer cancel()
-		for _, l := range ls {
-			if ctx.Err() != nil || ss.b.closed.Load() {
-				return
-			}
-			ss.b.Release(ctx, l.Key, l.Token) // records its outcome
-		}
-	}()
-}
-
-// close stops new sessions and waits for the resends in flight. The
-// sessions' leases expire by themselves.
-func (ss *sessions) close() {
-	ss.mu.Lock()
-	ss.closed = true
-	ss.mu.Unlock()
-	ss.wg.Wait()
+	s.pending.Resend(ss.Start, time.Duration(s.secs)*time.Second, func(ctx context.Context, key, token string) {
+		ss.b.Release(ctx, key, token) // records its outcome
+	})
 }
