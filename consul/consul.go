@@ -674,39 +674,33 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 	if o.key != b.entry(key) {
 		return fmt.Errorf("%w: consul: %q is not held by this token", backend.ErrNotHeld, key)
 	}
-	if o.shared != nil {
-		return b.releaseShared(ctx, key, token, o)
-	}
 	b.mu.Lock()
-	rec, next, renewed := o.rec, o.next, o.renewed
+	fence, rec, next, renewed := o.fence, o.rec, o.next, o.renewed
 	b.mu.Unlock()
+	if o.shared != nil && fence == 0 {
+		return b.releaseDoubtful(ctx, key, token, o)
+	}
+	held := &api.TxnOp{KV: heldCheck(o)}
 	if len(next) > 0 {
 		// Hand the lock to the first waiter this backend knows of (see
 		// queue.go); when that waiter's record changed, release as
 		// usual.
 		ops := handoverOps(o.key, next)
-		ops = slices.Insert(ops, 0, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVUnlock, Key: o.key, Session: o.session}})
+		ops = slices.Insert(ops, 0, held, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVUnlock, Key: o.key, Session: o.session}})
 		if rec != "" {
 			ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: rec}})
 		}
 		ok, _, _, err := b.cli.Txn().Txn(ops, (&api.QueryOptions{}).WithContext(ctx))
 		switch {
 		case err != nil:
-			// Unknown outcome: destroying the session frees the entry
-			// if neither the handover nor a release landed.
-			b.kill(token, false)
-			b.destroy(o.session)
+			b.settle(key, token, o, unsettled, renewed)
 			return fmt.Errorf("consul: release %q: %w", key, err)
 		case ok:
-			b.kill(token, true)
-			b.keep(o.session, o.ttl, renewed)
+			b.settle(key, token, o, freed, renewed)
 			return nil
 		}
 	}
-	ops := api.TxnOps{
-		{KV: &api.KVTxnOp{Verb: api.KVCheckSession, Key: o.key, Session: o.session}},
-		{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: o.key}},
-	}
+	ops := api.TxnOps{held, {KV: &api.KVTxnOp{Verb: api.KVDelete, Key: o.key}}}
 	if rec != "" {
 		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: rec}})
 	}
@@ -714,24 +708,53 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 	ok, resp, _, err := b.cli.Txn().Txn(ops, (&api.QueryOptions{}).WithContext(ctx))
 	switch {
 	case err != nil:
-		// Unknown outcome; the session is destroyed in the background,
-		// which frees the entry if the delete did not land.
-		b.kill(token, false)
-		b.destroy(o.session)
+		b.settle(key, token, o, unsettled, renewed)
 		return fmt.Errorf("consul: release %q: %w", key, err)
 	case !ok:
-		// Not held by this session: perhaps a lock still on its way.
-		// Destroying the session makes sure it never lands.
-		b.kill(token, false)
-		b.destroy(o.session)
+		b.settle(key, token, o, notHeld, renewed)
 		return fmt.Errorf("%w: consul: %q: %s", backend.ErrNotHeld, key, txnErrors(resp))
 	}
-	b.kill(token, true)
-	b.keep(o.session, o.ttl, renewed)
+	b.settle(key, token, o, freed, renewed)
 	if ws := waiters(o.key, resp); len(ws) > 0 {
 		b.handOverLater(o.key, ws)
 	}
 	return nil
+}
+
+// How a release ended: it freed the lock (or handed it over), found it not
+// held by the token, or its outcome is unknown.
+type releaseOutcome int
+
+const (
+	freed releaseOutcome = iota
+	notHeld
+	unsettled
+)
+
+// settle does what a release's outcome asks of token's attempt and its
+// session. A session of one lock is pooled after a release that freed the
+// lock; otherwise it is destroyed, which frees the entry if neither the
+// release nor a handover landed, and makes a lock transaction still on its
+// way fail (the lock was not held: perhaps one is). A shared session holds
+// other locks and is left alone: a release of unknown outcome stays
+// pending and is sent again after the session's next renewal (its token
+// is not killed, so that the resend reaches the store), and a lock still
+// on its way cannot be one of a token whose grant this backend saw (a
+// doubtful token is buried instead: releaseDoubtful).
+func (b *Backend) settle(key, token string, o *owned, how releaseOutcome, renewed time.Time) {
+	if o.shared != nil {
+		if how != unsettled {
+			b.kill(token, how == freed)
+		}
+		o.shared.pending.Record(key, token, how != unsettled)
+		return
+	}
+	b.kill(token, how == freed)
+	if how == freed {
+		b.keep(o.session, o.ttl, renewed)
+	} else {
+		b.destroy(o.session)
+	}
 }
 
 // keep pools a session that holds no lock, or destroys it when the pool is

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -380,7 +379,7 @@ func (b *Backend) forget(token string) {
 
 // releaseLater releases key for token in the background, bounded; Close
 // waits. A release of unknown outcome is pending on its session (see
-// releaseShared), and sent again after its next renewal.
+// settle), and sent again after its next renewal.
 func (b *Backend) releaseLater(key, token string) {
 	b.bg.Go(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -389,93 +388,44 @@ func (b *Backend) releaseLater(key, token string) {
 	})
 }
 
-// releaseShared releases key for token, a lock of a shared session: it
-// deletes the entry if it is still at the fence's index, or hands it to
-// the first waiter the backend knows of. A release of a doubtful token
-// (its acquire had an unknown outcome) buries the token first
-// (releaseDoubtful). Its outcome, known or not, is recorded on the
-// session: an unknown one is sent again (resend).
-func (b *Backend) releaseShared(ctx context.Context, key, token string, o *owned) (err error) {
-	known := true
-	defer func() { o.shared.pending.Record(key, token, known) }()
-	b.mu.Lock()
-	fence, rec, next := o.fence, o.rec, o.next
-	b.mu.Unlock()
-	if fence == 0 {
-		err, known = b.releaseDoubtful(ctx, key, token, o)
-		return err
-	}
-	held := &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVCheckIndex, Key: o.key, Index: fence}}
-	if len(next) > 0 {
-		ops := handoverOps(o.key, next)
-		ops = slices.Insert(ops, 0, held, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVUnlock, Key: o.key, Session: o.session}})
-		if rec != "" {
-			ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: rec}})
-		}
-		ok, _, _, err := b.cli.Txn().Txn(ops, (&api.QueryOptions{}).WithContext(ctx))
-		switch {
-		case err != nil:
-			known = false
-			return fmt.Errorf("consul: release %q: %w", key, err)
-		case ok:
-			b.kill(token, true)
-			return nil
-		}
-	}
-	ops := api.TxnOps{held, {KV: &api.KVTxnOp{Verb: api.KVDelete, Key: o.key}}}
-	if rec != "" {
-		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: rec}})
-	}
-	ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVGetTree, Key: o.key + queueSep}})
-	ok, resp, _, err := b.cli.Txn().Txn(ops, (&api.QueryOptions{}).WithContext(ctx))
-	switch {
-	case err != nil:
-		known = false
-		return fmt.Errorf("consul: release %q: %w", key, err)
-	case !ok:
-		// The entry changed since the grant: the lock is gone (its
-		// session expired, or it was released from outside, or by an
-		// earlier copy of this release).
-		b.kill(token, false)
-		return fmt.Errorf("%w: consul: %q: %s", backend.ErrNotHeld, key, txnErrors(resp))
-	}
-	b.kill(token, true)
-	if ws := waiters(o.key, resp); len(ws) > 0 {
-		b.handOverLater(o.key, ws)
-	}
-	return nil
-}
-
 // releaseDoubtful releases key for token, whose acquire on a shared session
 // had an unknown outcome: it buries the token (its tombstone, held by the
 // session, makes any copy of the acquire still on its way fail), then
-// deletes the entry if the acquire landed. known is false when the
+// deletes the entry if the acquire landed. Its outcome is recorded on the
+// session: pending when unknown.
+func (b *Backend) releaseDoubtful(ctx context.Context, key, token string, o *owned) error {
+	known, err := b.buryAndRelease(ctx, key, token, o)
+	o.shared.pending.Record(key, token, known)
+	return err
+}
+
+// buryAndRelease is releaseDoubtful's work; known is false when its
 // outcome is unknown.
-func (b *Backend) releaseDoubtful(ctx context.Context, key, token string, o *owned) (err error, known bool) {
+func (b *Backend) buryAndRelease(ctx context.Context, key, token string, o *owned) (known bool, err error) {
 	ok, resp, _, err := b.cli.Txn().Txn(api.TxnOps{
 		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: b.tombstone(token), Session: o.session}},
 	}, (&api.QueryOptions{}).WithContext(ctx))
 	switch {
 	case err != nil:
-		return fmt.Errorf("consul: release %q: burying the token: %w", key, err), false
+		return false, fmt.Errorf("consul: release %q: burying the token: %w", key, err)
 	case !ok && strings.Contains(txnErrors(resp), "invalid session"):
 		// The session is gone, and every entry it held with it; no
 		// acquire with it can land.
 		o.shared.end()
 		b.kill(token, false)
-		return fmt.Errorf("%w: consul: %q: %v", backend.ErrNotHeld, key, errSessionGone), true
+		return true, fmt.Errorf("%w: consul: %q: %v", backend.ErrNotHeld, key, errSessionGone)
 	case !ok:
-		return fmt.Errorf("consul: release %q: burying the token: %s", key, txnErrors(resp)), false
+		return false, fmt.Errorf("consul: release %q: burying the token: %s", key, txnErrors(resp))
 	}
 	// Buried: no acquire of token lands from now on. Did one land
 	// before?
 	kv, _, err := b.cli.KV().Get(o.key, (&api.QueryOptions{}).WithContext(ctx))
 	if err != nil {
-		return fmt.Errorf("consul: release %q: %w", key, err), false
+		return false, fmt.Errorf("consul: release %q: %w", key, err)
 	}
 	if kv == nil || kv.Session != o.session || string(kv.Value) != token {
 		b.kill(token, false)
-		return fmt.Errorf("%w: consul: %q is not held by this token", backend.ErrNotHeld, key), true
+		return true, fmt.Errorf("%w: consul: %q is not held by this token", backend.ErrNotHeld, key)
 	}
 	ok, resp, _, err = b.cli.Txn().Txn(api.TxnOps{
 		{KV: &api.KVTxnOp{Verb: api.KVCheckIndex, Key: o.key, Index: kv.ModifyIndex}},
@@ -483,13 +433,13 @@ func (b *Backend) releaseDoubtful(ctx context.Context, key, token string, o *own
 	}, (&api.QueryOptions{}).WithContext(ctx))
 	switch {
 	case err != nil:
-		return fmt.Errorf("consul: release %q: %w", key, err), false
+		return false, fmt.Errorf("consul: release %q: %w", key, err)
 	case !ok:
 		b.kill(token, false)
-		return fmt.Errorf("%w: consul: %q changed while it was released: %s", backend.ErrNotHeld, key, txnErrors(resp)), true
+		return true, fmt.Errorf("%w: consul: %q changed while it was released: %s", backend.ErrNotHeld, key, txnErrors(resp))
 	}
 	b.kill(token, true)
-	return nil, true
+	return true, nil
 }
 
 // resend sends the pending releases of s's locks again, in the

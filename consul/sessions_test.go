@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/consul/api"
+
 	"github.com/distlock/lock"
 	"github.com/distlock/lock/backend"
 	"github.com/distlock/lock/conformance"
@@ -226,6 +228,24 @@ func (g *txnGate) deliver(t *testing.T) bool {
 	return resp.StatusCode == http.StatusOK
 }
 
+// sessionsTTL is the TTL of gatedSessions' tokens.
+const sessionsTTL = 10 * time.Second
+
+// gatedSessions returns a backend with shared sessions whose transactions
+// go through a txnGate, a client of the same agent to look from outside,
+// and two tokens of one shared session, for locks of sessionsTTL.
+func gatedSessions(t *testing.T) (*consul.Backend, *txnGate, *api.Client, []string) {
+	agent := consultest.Start(t)
+	g := newTxnGate()
+	b, err := consul.New(clientVia(t, agent.Addr, g), consul.WithMinTTL(consultest.MinTTL), consul.WithSessions(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	_, cli := newBackend(t, agent.Addr)
+	return b, g, cli, sessionTokens(t, b, sessionsTTL, 2)
+}
+
 // lockOp is how a transaction's body spells the lock of entry for token.
 func lockOp(entry, token string) string {
 	return `"Verb":"lock","Key":"` + entry + `","Value":"` + base64.StdEncoding.EncodeToString([]byte(token)) + `"`
@@ -238,23 +258,14 @@ func lockOp(entry, token string) string {
 // hold the key for as long as the session is renewed, with nobody to
 // release it.
 func TestSessionLateGrantOfABuriedTokenTakesNothing(t *testing.T) {
-	agent := consultest.Start(t)
-	g := newTxnGate()
-	b, err := consul.New(clientVia(t, agent.Addr, g), consul.WithMinTTL(consultest.MinTTL), consul.WithSessions(true))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	_, cli := newBackend(t, agent.Addr)
+	b, g, cli, toks := gatedSessions(t)
 	ctx := context.Background()
-	const ttl = 10 * time.Second
-	toks := sessionTokens(t, b, ttl, 2)
-	if _, err := b.Acquire(ctx, "keep", toks[0], ttl); err != nil {
+	if _, err := b.Acquire(ctx, "keep", toks[0], sessionsTTL); err != nil {
 		t.Fatal(err)
 	}
 	sess := sessionOf(t, cli, "keep")
 	g.arm(lockOp(b.Entry("late"), toks[1]), true)
-	if _, err := b.Acquire(ctx, "late", toks[1], ttl); err == nil || errors.Is(err, backend.ErrLocked) {
+	if _, err := b.Acquire(ctx, "late", toks[1], sessionsTTL); err == nil || errors.Is(err, backend.ErrLocked) {
 		t.Fatalf("Acquire with its request held back: %v; want an error of unknown outcome", err)
 	}
 	if err := b.Release(ctx, "late", toks[1]); !errors.Is(err, backend.ErrNotHeld) {
@@ -269,7 +280,7 @@ func TestSessionLateGrantOfABuriedTokenTakesNothing(t *testing.T) {
 	if got := sessionOf(t, cli, "keep"); got != sess {
 		t.Fatalf("the other lock's session: %s; want %s, alive", got, sess)
 	}
-	if _, err := b.Renew(ctx, "keep", toks[0], ttl); err != nil {
+	if _, err := b.Renew(ctx, "keep", toks[0], sessionsTTL); err != nil {
 		t.Fatalf("Renew of the other lock: %v", err)
 	}
 }
@@ -278,19 +289,10 @@ func TestSessionLateGrantOfABuriedTokenTakesNothing(t *testing.T) {
 // its session: the lock does not live on with the session, which the
 // session's other locks keep renewing.
 func TestSessionReleaseOfUnknownOutcomeIsSentAgain(t *testing.T) {
-	agent := consultest.Start(t)
-	g := newTxnGate()
-	b, err := consul.New(clientVia(t, agent.Addr, g), consul.WithMinTTL(consultest.MinTTL), consul.WithSessions(true))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	_, cli := newBackend(t, agent.Addr)
+	b, g, cli, toks := gatedSessions(t)
 	ctx := context.Background()
-	const ttl = 10 * time.Second
-	toks := sessionTokens(t, b, ttl, 2)
 	for i, tok := range toks {
-		if _, err := b.Acquire(ctx, fmt.Sprint("k", i), tok, ttl); err != nil {
+		if _, err := b.Acquire(ctx, fmt.Sprint("k", i), tok, sessionsTTL); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -300,7 +302,7 @@ func TestSessionReleaseOfUnknownOutcomeIsSentAgain(t *testing.T) {
 	if err := b.Release(ctx, "k1", toks[1]); err == nil || errors.Is(err, backend.ErrNotHeld) {
 		t.Fatalf("Release with its request lost: %v; want an error of unknown outcome", err)
 	}
-	if _, err := b.Renew(ctx, "k0", toks[0], ttl); err != nil {
+	if _, err := b.Renew(ctx, "k0", toks[0], sessionsTTL); err != nil {
 		t.Fatalf("Renew k0: %v", err)
 	}
 	waitFor(t, "the release sent again", func() bool {
