@@ -92,6 +92,11 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 		}
 		cfg = &local
 	}
+	if cfg.wait > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cfg.wait)
+		defer cancel()
+	}
 	if cfg.maxHold > 0 && cfg.maxHold < cfg.ttl {
 		return nil, invalid(ErrInvalidOption, "%s %q: WithMaxHold(%v) is shorter than the TTL %v; use 0 (no cap) or at least the TTL", op, key, cfg.maxHold, cfg.ttl)
 	}

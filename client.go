@@ -136,15 +136,39 @@ func (c *Client) track() bool {
 }
 
 // Do acquires key (waiting as Acquire does), runs fn, and releases the lock.
-// The context passed to fn is cancelled the moment the lease is lost, with
-// context.Cause reporting the loss. Do returns fn's error joined with ErrLost
-// when the lease was lost before the release: the critical section may then
-// have overlapped another holder's.
+//
+// Which context ends what: ctx bounds the wait for the key (as for
+// Acquire; WithWait bounds it further without touching the section) and is
+// the parent of fn's context, which is also cancelled the moment the lease
+// is lost, with context.Cause reporting the loss. The release runs after
+// fn returns (or panics), under its own bound of the lease's TTL, even if
+// ctx has ended.
+//
+// Do returns the acquire's error without running fn; otherwise fn's error
+// joined with the release's, and with the lease's loss (an error wrapping
+// ErrLost) when the lease was lost before the release: the critical
+// section may then have overlapped another holder's.
 func (c *Client) Do(ctx context.Context, key string, fn func(ctx context.Context, l *Lease) error, opts ...Option) error {
+	return c.do(ctx, "do", key, true, fn, opts)
+}
+
+// TryDo is Do without waiting: it takes key if it is free (as TryAcquire
+// does), runs fn, and releases the lock, with Do's contexts and errors.
+// When the key is held it returns an error wrapping ErrLocked without
+// running fn.
+func (c *Client) TryDo(ctx context.Context, key string, fn func(ctx context.Context, l *Lease) error, opts ...Option) error {
+	return c.do(ctx, "try-do", key, false, fn, opts)
+}
+
+func (c *Client) do(ctx context.Context, op, key string, wait bool, fn func(ctx context.Context, l *Lease) error, opts []Option) error {
 	if fn == nil {
-		return invalid(ErrInvalid, "Do %q: nil function", key)
+		return invalid(ErrInvalid, "%s %q: nil function", op, key)
 	}
-	l, err := c.Acquire(ctx, key, opts...)
+	aop := "try-acquire"
+	if wait {
+		aop = "acquire"
+	}
+	l, err := c.acquire(ctx, aop, key, wait, opts)
 	if err != nil {
 		return err
 	}
@@ -154,7 +178,11 @@ func (c *Client) Do(ctx context.Context, key string, fn func(ctx context.Context
 	release := func() error {
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), l.TTL())
 		defer rcancel()
-		return l.Release(rctx)
+		err := l.Release(rctx)
+		if lost := l.Err(); err == nil && errors.Is(lost, ErrLost) {
+			return wrap("release", key, lost) // lost before the release
+		}
+		return err
 	}
 	defer func() {
 		if p := recover(); p != nil {

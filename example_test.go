@@ -142,3 +142,84 @@ func ExampleOpen() {
 	// 30s true
 	// lock: Open mem://example?tll=30s: unknown query parameter "tll" for scheme mem; valid: autorenew, drift, maxhold, maxttl, ttl
 }
+
+// TryDo runs a section only if the key is free: a job that another worker
+// is already running is skipped, not waited for.
+func ExampleClient_TryDo() {
+	ctx := context.Background()
+	locks, err := lock.New(memory.New())
+	if err != nil {
+		panic(err)
+	}
+	defer locks.Close()
+
+	run := func(worker string) error {
+		return locks.TryDo(ctx, "job:7", func(ctx context.Context, l *lock.Lease) error {
+			fmt.Println(worker, "runs job 7 with fence", l.Fence())
+			// A second worker tries while the first one runs.
+			if worker == "a" {
+				err := locks.TryDo(ctx, "job:7", func(context.Context, *lock.Lease) error { return nil })
+				fmt.Println("b skipped:", errors.Is(err, lock.ErrLocked))
+			}
+			return nil
+		})
+	}
+	if err := run("a"); err != nil {
+		fmt.Println("error:", err)
+	}
+	// Output:
+	// a runs job 7 with fence 1
+	// b skipped: true
+}
+
+// WithWait bounds only the wait for the key: the section that follows
+// runs under the caller's context, which this bound does not cut short.
+func ExampleWithWait() {
+	ctx := context.Background()
+	locks, err := lock.New(memory.New())
+	if err != nil {
+		panic(err)
+	}
+	defer locks.Close()
+
+	held, err := locks.TryAcquire(ctx, "report")
+	if err != nil {
+		panic(err)
+	}
+	err = locks.Do(ctx, "report", func(context.Context, *lock.Lease) error { return nil }, lock.WithWait(50*time.Millisecond))
+	fmt.Println("gave up waiting:", errors.Is(err, context.DeadlineExceeded), errors.Is(err, lock.ErrLocked))
+	held.Release(ctx)
+
+	err = locks.Do(ctx, "report", func(ctx context.Context, l *lock.Lease) error {
+		time.Sleep(100 * time.Millisecond) // a section longer than the wait bound
+		fmt.Println("section finished:", ctx.Err())
+		return nil
+	}, lock.WithWait(50*time.Millisecond))
+	fmt.Println("err:", err)
+	// Output:
+	// gave up waiting: true true
+	// section finished: <nil>
+	// err: <nil>
+}
+
+// A deferred Release needs no filter: a lease already lost (its deadline
+// passed without a renewal) releases with nil, and Err keeps the loss.
+func ExampleLease_Release() {
+	ctx := context.Background()
+	locks, err := lock.New(memory.New(), lock.WithTTL(50*time.Millisecond), lock.WithAutoRenew(false))
+	if err != nil {
+		panic(err)
+	}
+	defer locks.Close()
+
+	l, err := locks.TryAcquire(ctx, "k")
+	if err != nil {
+		panic(err)
+	}
+	<-l.Done() // no renewal: lost at its deadline
+	fmt.Println("release:", l.Release(ctx))
+	fmt.Println("lost:", errors.Is(l.Err(), lock.ErrLost))
+	// Output:
+	// release: <nil>
+	// lost: true
+}

@@ -228,9 +228,14 @@ func (l *Lease) Renew(ctx context.Context) error {
 }
 
 // Release frees the lock. It returns nil when the lock was held until the
-// release; an error wrapping ErrLost when the lease had been lost (the store
-// is asked to free the key anyway, token-checked, so it cannot touch a
-// successor's lock); or the store's error. When that error leaves the
+// release, and nil for a lease that had already ended as lost when Release
+// was called (its deadline passed, or its loss was found): Done and Err
+// report that loss, and Err keeps it, so that a deferred Release needs no
+// filter. The store is asked to free the key anyway, token-checked, so it
+// cannot touch a successor's lock. Release returns an error wrapping
+// ErrLost when the release itself finds that the store no longer held the
+// lock (a loss nothing had reported yet), or the store's error. Do and
+// TryDo report a loss either way. When the store's error leaves the
 // outcome unknown (a lost reply, a ctx that ended while the request was
 // out), the release is sent again in the background, up to twice more
 // within the shorter of the TTL and 3s, and Client.Close waits for it;
@@ -276,7 +281,9 @@ func (l *Lease) Release(ctx context.Context) error {
 	l.turn.pass()
 	switch {
 	case lostErr != nil:
-		return wrap("release", l.key, lostErr)
+		// Lost before this call: Done and Err reported it, and Err
+		// keeps it. The release was only the store's cleanup.
+		return nil
 	case err == nil:
 		return nil
 	case moved && errors.Is(err, ErrNotHeld):

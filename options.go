@@ -29,6 +29,7 @@ type config struct {
 	drift      time.Duration // < 0: default formula
 	autoRenew  bool
 	maxHold    time.Duration
+	wait       time.Duration // WithWait; 0: until ctx ends
 	minBackoff time.Duration
 	maxBackoff time.Duration
 	clock      clock.Clock
@@ -137,6 +138,24 @@ func WithMaxHold(max time.Duration) Option {
 			return
 		}
 		c.maxHold = max
+	}
+}
+
+// WithWait bounds how long TryAcquire, Acquire, TryDo and Do try to take
+// the key: once d has passed since the call began, they give up as they
+// do when their ctx ends (an error wrapping context.DeadlineExceeded, and
+// ErrLocked when the key was held), and leave nothing behind on the
+// store. It ends only the waiting: the lease, and the section that Do and
+// TryDo run, are not bound by it (the section's context is the caller's
+// ctx, cancelled at the loss of the lease). Measured on the real clock.
+// Valid: >= 0; 0 means no bound but ctx's (the default).
+func WithWait(d time.Duration) Option {
+	return func(c *config) {
+		if d < 0 {
+			c.fail("WithWait(%v): the wait bound must be >= 0 (0 means no bound but the context's)", d)
+			return
+		}
+		c.wait = d
 	}
 }
 

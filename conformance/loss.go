@@ -105,8 +105,11 @@ func (s *suite) renewAfterLoss(t *testing.T) {
 	if n := cb.calls.Load() - before; n != 0 {
 		t.Errorf("Renew after loss sent %d requests to the store; want none", n)
 	}
-	if err := l.Release(ctx); !errors.Is(err, lock.ErrLost) {
-		t.Errorf("Release after loss: %v; want ErrLost (the caller must learn it lost the lock)", err)
+	if err := l.Release(ctx); err != nil {
+		t.Errorf("Release after a loss Done reported: %v; want nil (Err keeps the loss)", err)
+	}
+	if err := l.Err(); !errors.Is(err, lock.ErrLost) {
+		t.Errorf("Err after the release of a lost lease: %v; want ErrLost still", err)
 	}
 	b := s.client(t)
 	wctx, cancel := context.WithTimeout(ctx, s.caps.LatestExpiry(s.short)+s.slack)

@@ -158,8 +158,8 @@ func (s *suite) releaseAfterExpiry(t *testing.T) {
 	if err := b.Release(ctx, key, tok); !errors.Is(err, backend.ErrNotHeld) {
 		t.Errorf("the store's Release of its own expired lock: %v; want ErrNotHeld", err)
 	}
-	if err := l.Release(ctx); !errors.Is(err, lock.ErrLost) {
-		t.Errorf("Release of an expired lease: %v; want ErrLost", err)
+	if err := l.Release(ctx); err != nil || !errors.Is(l.Err(), lock.ErrLost) {
+		t.Errorf("Release of an expired lease: %v, its Err %v; want nil, and Err wrapping ErrLost", err, l.Err())
 	}
 }
 
