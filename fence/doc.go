@@ -38,6 +38,9 @@
 //     another lease with the same fence (a store that lost its counters
 //     after a restart hands fences out again).
 //
+// Guard.DoLease and Table.ApplyLease take a *lock.Lease (any Holder)
+// instead of the fence and the holder, so that the two cannot be swapped.
+//
 // # What the helpers guarantee
 //
 //   - Guard.Do runs the write only when the fence is accepted, with the

@@ -36,7 +36,7 @@ func ExampleTable_Apply() {
 			return err
 		}
 		defer tx.Rollback()
-		if err := fences.Apply(ctx, tx, "invoice:7", l.Fence(), l.Token()); err != nil {
+		if err := fences.ApplyLease(ctx, tx, "invoice:7", l); err != nil {
 			return err // fence.ErrStale: a newer holder wrote first
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE invoices SET status = ? WHERE id = 7`, status); err != nil {
@@ -85,4 +85,48 @@ func ExampleGuard_Do() {
 	// <nil>
 	// fence: stale fence 7 for "report.txt": fence 8 was already accepted
 	// [A, fence 7 B, fence 8]
+}
+
+// DoLease takes the lease whole: its fence and its token as the holder.
+func ExampleGuard_DoLease() {
+	ctx := context.Background()
+	store := memory.NewStore()
+	clientA, err := lock.New(store.NewClient(), lock.WithAutoRenew(false))
+	if err != nil {
+		panic(err)
+	}
+	defer clientA.Close()
+	clientB, err := lock.New(store.NewClient())
+	if err != nil {
+		panic(err)
+	}
+	defer clientB.Close()
+
+	var guard fence.Guard
+	var file []string
+	write := func(l *lock.Lease, line string) error {
+		return guard.DoLease("report.txt", l, func() error {
+			file = append(file, line)
+			return nil
+		})
+	}
+
+	// A takes the lock and pauses past its TTL; B takes over and writes.
+	a, err := clientA.TryAcquire(ctx, "report", lock.WithTTL(20*time.Millisecond))
+	if err != nil {
+		panic(err)
+	}
+	<-a.Done()
+	b, err := clientB.Acquire(ctx, "report")
+	if err != nil {
+		panic(err)
+	}
+	defer b.Release(ctx)
+	fmt.Println("B:", write(b, "B"))
+	fmt.Println("A:", write(a, "A, after its pause"))
+	fmt.Println(file)
+	// Output:
+	// B: <nil>
+	// A: fence: stale fence 1 for "report.txt": fence 2 was already accepted
+	// [B]
 }

@@ -1,15 +1,18 @@
 package fence_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
-	"github.com/distlock/lock/fence"
-	"github.com/distlock/lock/internal/fencerule"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/distlock/lock"
+	"github.com/distlock/lock/fence"
+	"github.com/distlock/lock/internal/fencerule"
 )
 
 func TestGuardWriteError(t *testing.T) {
@@ -172,5 +175,28 @@ func TestGuardRule(t *testing.T) {
 				t.Fatalf("write ran: %v; want %v", wrote, s.Want == "")
 			}
 		})
+	}
+}
+
+// DoLease and ApplyLease refuse a nil lease, untyped or typed, with
+// ErrInvalid and record nothing.
+func TestLeaseHelpersRefuseNil(t *testing.T) {
+	var g fence.Guard
+	ok := func() error { return nil }
+	var typed *lock.Lease
+	for _, l := range []fence.Holder{nil, typed} {
+		if err := g.DoLease("r", l, ok); !errors.Is(err, fence.ErrInvalid) || !strings.Contains(err.Error(), "nil lease") {
+			t.Errorf("DoLease(%#v): %v; want ErrInvalid saying nil lease", l, err)
+		}
+		tbl, err := fence.NewTable(fence.SQLite, "fences")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tbl.ApplyLease(context.Background(), nil, "r", l); !errors.Is(err, fence.ErrInvalid) {
+			t.Errorf("ApplyLease(%#v): %v; want ErrInvalid", l, err)
+		}
+	}
+	if n := fence.Resources(&g); n != 0 {
+		t.Errorf("the guard holds %d resources after the refusals; want 0", n)
 	}
 }
