@@ -163,7 +163,13 @@ func (r *recorder) renew(ctx context.Context, client int, l *lock.Lease) error {
 func (r *recorder) release(ctx context.Context, client int, l *lock.Lease) error {
 	call := r.now()
 	err := l.Release(ctx)
-	r.addLeaseOp(client, opRelease, l, call, err)
+	seen := err
+	if lost := l.Err(); err == nil && errors.Is(lost, lock.ErrLost) {
+		// Lost before the release, which then returns nil (Err keeps
+		// the loss): the history records the loss.
+		seen = lost
+	}
+	r.addLeaseOp(client, opRelease, l, call, seen)
 	return err
 }
 
