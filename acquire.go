@@ -84,6 +84,9 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 		if local.err != nil {
 			return nil, local.err
 		}
+		if local.observerID != c.cfg.observerID {
+			return nil, invalid(ErrInvalidOption, "%s %q: WithObserver and WithLogger are Client options (give them to lock.New)", op, key)
+		}
 		if local.epoch != c.cfg.epoch || local.epochSet != c.cfg.epochSet {
 			return nil, invalid(ErrInvalidOption, "%s %q: WithFenceEpoch is a Client option (give it to lock.New): every lease of a Client takes its fences under one epoch", op, key)
 		}
@@ -92,13 +95,43 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 		}
 		cfg = &local
 	}
+	if cfg.maxHold > 0 && cfg.maxHold < cfg.ttl {
+		return nil, invalid(ErrInvalidOption, "%s %q: WithMaxHold(%v) is shorter than the TTL %v; use 0 (no cap) or at least the TTL", op, key, cfg.maxHold, cfg.ttl)
+	}
+	if c.observing() {
+		return c.acquireObserved(ctx, op, key, wait, cfg)
+	}
+	return c.acquireWith(ctx, op, key, wait, cfg, time.Time{})
+}
+
+// acquireObserved is acquireWith, reported to the client's observer. A
+// TryAcquire's first attempt follows its start at once: the start serves
+// as that attempt's send time (an earlier send time only makes the
+// deadline earlier), so that observing reads the clock no more often.
+func (c *Client) acquireObserved(ctx context.Context, op, key string, wait bool, cfg *config) (*Lease, error) {
+	start := cfg.clock.Now()
+	var early time.Time
+	if wait {
+		c.observe(ctx, Event{Kind: EventAcquireStart, Key: key, Start: start, Wait: true})
+	} else {
+		early = start
+	}
+	l, err := c.acquireWith(ctx, op, key, wait, cfg, early)
+	e := Event{Kind: EventAcquire, Key: key, Start: start, Wait: wait, Err: err}
+	if l != nil {
+		e.Fence = l.Fence()
+	}
+	c.observe(ctx, e)
+	return l, err
+}
+
+// acquireWith is acquire with its options applied; early, when not zero,
+// is the send time of the first attempt.
+func (c *Client) acquireWith(ctx context.Context, op, key string, wait bool, cfg *config, early time.Time) (lease *Lease, err error) {
 	if cfg.wait > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, cfg.wait)
 		defer cancel()
-	}
-	if cfg.maxHold > 0 && cfg.maxHold < cfg.ttl {
-		return nil, invalid(ErrInvalidOption, "%s %q: WithMaxHold(%v) is shorter than the TTL %v; use 0 (no cap) or at least the TTL", op, key, cfg.maxHold, cfg.ttl)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, wrap(op, key, err)
@@ -173,7 +206,11 @@ func (c *Client) acquire(ctx context.Context, op, key string, wait bool, opts []
 		if err != nil {
 			return nil, wrap(op, key, err)
 		}
-		sent := cfg.clock.Now()
+		sent := early
+		if sent.IsZero() {
+			sent = cfg.clock.Now()
+		}
+		early = time.Time{}
 		var g backend.Grant
 		if queue != nil {
 			g, err = queue.Acquire(ctx, token, cfg.ttl)

@@ -67,8 +67,18 @@ func unknownOutcome(err error) bool {
 // alone.
 func (c *Client) releaseUntilKnown(ctx context.Context, key, token string) {
 	pause := 50 * time.Millisecond
+	var err error
+	if c.observing() {
+		start := c.cfg.clock.Now()
+		defer func() {
+			if !unknownOutcome(err) {
+				err = nil // settled: released, or nothing was held
+			}
+			c.observe(ctx, Event{Kind: EventCleanup, Key: key, Start: start, Err: err})
+		}()
+	}
 	for sent := 0; ; sent++ {
-		err := c.b.Release(ctx, key, token)
+		err = c.b.Release(ctx, key, token)
 		if !unknownOutcome(err) || sent == cleanupResends {
 			return
 		}

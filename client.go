@@ -23,6 +23,7 @@ type Client struct {
 	prefixer backend.TokenPrefixer
 	caps     backend.Capabilities
 	cfg      config
+	obs      Observer   // WithObserver and WithLogger's; nil: none
 	sched    *scheduler // runs the timers of leases on cfg.clock
 	// renewSlots holds one token per automatic renewal running, at most
 	// maxConcurrentTicks (see scheduler.fire).
@@ -73,6 +74,7 @@ func New(b backend.Backend, opts ...Option) (*Client, error) {
 	if err := c.checkTTL(&c.cfg); err != nil {
 		return nil, err
 	}
+	c.obs = observerOf(&c.cfg)
 	c.sched = newScheduler(c.cfg.clock)
 	c.renewSlots = make(chan struct{}, maxConcurrentTicks)
 	c.renewCtx, c.endRenewals = context.WithCancel(context.Background())

@@ -157,6 +157,7 @@ func (l *Lease) transferToNext(ctx context.Context) (done, moved bool, err error
 		if !started {
 			complete() // the client is closing
 		}
+		l.observeHandover(ctx)
 		return true, false, nil
 	}
 	sent := w.cfg.clock.Now()
@@ -180,6 +181,8 @@ func (l *Lease) transferToNext(ctx context.Context) (done, moved bool, err error
 		next.unlock()
 		if !c.local.deliver(l.key, w, next) {
 			next.releaseInBackground() // the waiter gave up meanwhile
+		} else {
+			l.observeHandover(ctx)
 		}
 		return true, false, nil
 	case errors.Is(err, ErrNotHeld):
@@ -275,5 +278,13 @@ func (l *Lease) handingOver() bool {
 		return false
 	default:
 		return true
+	}
+}
+
+// observeHandover reports that l's release handed the lock to a waiting
+// goroutine of its client.
+func (l *Lease) observeHandover(ctx context.Context) {
+	if l.c.observing() {
+		l.observeEnd(ctx, EventHandover, l.sched.clock.Now(), false, nil)
 	}
 }

@@ -73,6 +73,7 @@ type Lease struct {
 	// size class (TestLeaseSize). Each keeps the guard of its group above.
 	state     leaseState // guarded by mu
 	autoRenew bool       // set before the lease is shared; the watchdog's setting
+	releasing bool       // guarded by mu: Release was called (an observer hears of the first)
 }
 
 // newLease returns the lease of a lock that the store granted, as g says,
@@ -224,7 +225,7 @@ func (l *Lease) Renew(ctx context.Context) error {
 	if ctx == nil {
 		return invalid(ErrInvalid, "renew %q: nil context", l.key)
 	}
-	return l.renew(ctx)
+	return l.renew(ctx, false)
 }
 
 // Release frees the lock. It returns nil when the lock was held until the
@@ -249,13 +250,44 @@ func (l *Lease) Release(ctx context.Context) error {
 	if ctx == nil {
 		return invalid(ErrInvalid, "release %q: nil context", l.key)
 	}
+	if !l.c.observing() {
+		return l.release(ctx, nil)
+	}
+	var n releaseNote
+	err := l.release(ctx, &n)
+	if n.first {
+		seen := err
+		if err == nil && n.lost != nil {
+			seen = n.lost // lost before the release (EventLost reported it)
+		}
+		l.observeEnd(ctx, EventRelease, n.start, false, seen)
+	}
+	return err
+}
+
+// releaseNote is what an observed Release learns from release: whether it
+// was the lease's first release, and the loss that ended the lease before
+// it, if one did.
+type releaseNote struct {
+	first bool
+	start time.Time // when it began, as its deadline check read it
+	lost  error
+}
+
+// release is Release; it fills n, when not nil.
+func (l *Lease) release(ctx context.Context, n *releaseNote) error {
 	if err := l.awaitHandover(ctx); err != nil {
 		// The store may not know this owner yet: release once it does.
 		l.releaseInBackground()
 		return wrap("release", l.key, err)
 	}
 	l.mu.Lock()
-	l.checkDeadlineLocked()
+	now := l.sched.clock.Now()
+	l.checkDeadlineAtLocked(now)
+	if n != nil {
+		n.first, n.start = !l.releasing, now
+	}
+	l.releasing = true
 	switch l.state {
 	case stateReleased:
 		l.unlock()
@@ -266,6 +298,9 @@ func (l *Lease) Release(ctx context.Context) error {
 	lostErr := l.err
 	if lostErr == ErrReleased {
 		lostErr = nil
+	}
+	if n != nil {
+		n.lost = lostErr
 	}
 	l.unlock()
 
@@ -360,7 +395,13 @@ func (l *Lease) unlock() {
 // checkDeadlineLocked ends the lease as lost if its deadline has passed, and
 // reports whether it did.
 func (l *Lease) checkDeadlineLocked() bool {
-	if l.state != stateHeld || !l.v.expired(l.sched.clock.Now()) {
+	return l.checkDeadlineAtLocked(l.sched.clock.Now())
+}
+
+// checkDeadlineAtLocked is checkDeadlineLocked at now, read from the
+// lease's clock.
+func (l *Lease) checkDeadlineAtLocked(now time.Time) bool {
+	if l.state != stateHeld || !l.v.expired(now) {
 		return false
 	}
 	var err error
@@ -404,4 +445,11 @@ func (l *Lease) endLocked(st leaseState, err error) {
 	}
 	l.ended = append(l.ended, l.hooks...) // run by unlock
 	l.hooks = nil
+	if st == stateLost && l.c.observing() {
+		end := l.sched.clock.Now() // a loss is rare: a read of the clock is fine
+		if dl := l.v.deadline; dl.Before(end) && dl.After(l.acquired) {
+			end = dl // lost at its deadline, found a little later
+		}
+		l.ended = append(l.ended, func(err error) { l.observeEnd(context.Background(), EventLost, end, false, err) })
+	}
 }

@@ -1,6 +1,7 @@
 package lock
 
 import (
+	"log/slog"
 	"time"
 
 	"github.com/distlock/lock/clock"
@@ -35,7 +36,10 @@ type config struct {
 	clock      clock.Clock
 	clockID    int // counts WithClock options applied, to tell a call's own clock
 	epoch      uint64
-	epochSet   bool  // WithFenceEpoch was given (a Client option only)
+	epochSet   bool // WithFenceEpoch was given (a Client option only)
+	observer   Observer
+	logger     *slog.Logger
+	observerID int   // counts WithObserver and WithLogger options applied (Client options only)
 	err        error // the first invalid option
 }
 

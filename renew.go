@@ -25,7 +25,7 @@ type watchdog struct {
 
 // renew is Renew, and the watchdog's renewal: one renew request, whose
 // outcome moves the deadline or ends the lease.
-func (l *Lease) renew(ctx context.Context) error {
+func (l *Lease) renew(ctx context.Context, auto bool) error {
 	if err := l.awaitHandover(ctx); err != nil {
 		return wrap("renew", l.key, err)
 	}
@@ -34,7 +34,11 @@ func (l *Lease) renew(ctx context.Context) error {
 		return err
 	}
 	g, err := l.c.b.Renew(ctx, l.key, l.token, ttl)
-	return l.renewEnd(ctx, sent, g, err)
+	err = l.renewEnd(ctx, sent, g, err)
+	if l.c.observing() {
+		l.observeEnd(ctx, EventRenew, sent, auto, err)
+	}
+	return err
 }
 
 // renewStart is the start of a renewal: the TTL to ask for and the send
@@ -154,7 +158,7 @@ func (l *Lease) watchdogRenew() {
 	l.wd.cancel = cancel
 	l.unlock()
 
-	err := l.renew(ctx)
+	err := l.renew(ctx, true)
 	cancel()
 	l.watchdogEnd(err)
 }

@@ -145,6 +145,10 @@ func renewBatch(c *Client, ls []*Lease) {
 		res = backend.FailedRenewals(len(rs), fmt.Errorf("lock: the backend's RenewBatch answered %d renewals of %d (a backend bug)", len(res), len(rs)))
 	}
 	for i, l := range live {
-		l.watchdogEnd(l.renewEnd(ctx, sents[i], res[i].Grant, res[i].Err))
+		err := l.renewEnd(ctx, sents[i], res[i].Grant, res[i].Err)
+		if l.c.observing() {
+			l.observeEnd(ctx, EventRenew, sents[i], true, err)
+		}
+		l.watchdogEnd(err)
 	}
 }

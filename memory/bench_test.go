@@ -54,6 +54,35 @@ func BenchmarkAcquireRelease(b *testing.B) {
 	reportCycles(b)
 }
 
+// BenchmarkObserverCost runs BenchmarkAcquireRelease's cycle on a
+// client without an observer ("plain") and on one with an observer that
+// does nothing ("observed", lock.WithObserver), in alternating rounds of
+// one process, so that the machine's drift falls on both alike: the cost
+// of the events themselves is the ratio of the two.
+func BenchmarkObserverCost(b *testing.B) {
+	plain := newBenchClient(b)
+	observed, err := lock.New(memory.New(), lock.WithObserver(lock.ObserverFunc(func(context.Context, lock.Event) {})))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { observed.Close() })
+	ctx := context.Background()
+	for round := range 8 {
+		for _, r := range []struct {
+			name string
+			c    *lock.Client
+		}{{"plain", plain}, {"observed", observed}} {
+			b.Run(fmt.Sprintf("%s/%d", r.name, round), func(b *testing.B) {
+				for b.Loop() {
+					if err := cycle(ctx, r.c, "bench", false); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
+
 // 32 goroutines, each on its own key.
 func BenchmarkAcquireReleaseParallel32OwnKeys(b *testing.B) {
 	c := newBenchClient(b)
