@@ -390,6 +390,8 @@ func leaseRun(t leaseTarget, n int, ttl, hold time.Duration, conc int, profile s
 				err := l.Release(ctx)
 				cancel()
 				switch {
+				case err == nil && errors.Is(l.Err(), lock.ErrLost):
+					lostRel.Add(1) // lost before its release, which then answers nil
 				case err == nil:
 				case errors.Is(err, lock.ErrLost):
 					lostRel.Add(1)
