@@ -66,6 +66,7 @@ func (c *Client) newHandedLease(key, token string, cfg *config, fence uint64, pr
 	start := cfg.clock.Now() // also the start of the maximum hold time
 	l := c.lease(key, token, cfg, fence, start, handedValidity(cfg, prev, start), t)
 	l.handover = make(chan struct{})
+	l.flags |= flagDoubtful // its transfer's outcome is settled apart (completeHandover)
 	// No other goroutine sees l before the scheduler does: its mutex
 	// publishes the fields set here. Only the deadline is scheduled until
 	// completeHandover has settled the lease.

@@ -73,8 +73,25 @@ type Lease struct {
 	// size class (TestLeaseSize). Each keeps the guard of its group above.
 	state     leaseState // guarded by mu
 	autoRenew bool       // set before the lease is shared; the watchdog's setting
-	releasing bool       // guarded by mu: Release was called (an observer hears of the first)
+	flags     leaseFlags // guarded by mu
+	// outstanding counts the lease's renewals sent and not yet answered,
+	// up to 255 (then flagDoubtful is set for good); guarded by mu. With
+	// flagDoubtful it tells Extend whether a request sent before it can
+	// still arrive (extend.go).
+	outstanding uint8
 }
+
+// leaseFlags are a lease's flags, guarded by its mutex.
+type leaseFlags uint8
+
+const (
+	// flagReleasing: Release was called (an observer hears of the first).
+	flagReleasing leaseFlags = 1 << iota
+	// flagDoubtful: a request for the token may still arrive at any
+	// time: a renewal's outcome was unknown, or the lease was handed over
+	// ahead of the store.
+	flagDoubtful
+)
 
 // newLease returns the lease of a lock that the store granted, as g says,
 // to token for a request sent at sent that asked for cfg's TTL; the lease
@@ -285,9 +302,9 @@ func (l *Lease) release(ctx context.Context, n *releaseNote) error {
 	now := l.sched.clock.Now()
 	l.checkDeadlineAtLocked(now)
 	if n != nil {
-		n.first, n.start = !l.releasing, now
+		n.first, n.start = l.flags&flagReleasing == 0, now
 	}
-	l.releasing = true
+	l.flags |= flagReleasing
 	switch l.state {
 	case stateReleased:
 		l.unlock()

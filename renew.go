@@ -51,7 +51,29 @@ func (l *Lease) renewStart() (ttl time.Duration, sent time.Time, err error) {
 	if l.state != stateHeld {
 		return 0, time.Time{}, wrap("renew", l.key, l.err)
 	}
+	l.sentLocked()
 	return l.v.send(), l.sched.clock.Now(), nil
+}
+
+// sentLocked counts a renewal about to be sent (see outstanding).
+func (l *Lease) sentLocked() {
+	if l.outstanding == 255 {
+		l.flags |= flagDoubtful // no longer counted: assume the worst
+		return
+	}
+	l.outstanding++
+}
+
+// answeredLocked counts the answer to a renewal: err is its error, nil
+// when granted. An answer of unknown outcome leaves the request free to
+// arrive later (flagDoubtful).
+func (l *Lease) answeredLocked(err error) {
+	if l.outstanding > 0 {
+		l.outstanding--
+	}
+	if unknownOutcome(err) {
+		l.flags |= flagDoubtful
+	}
 }
 
 // renewEnd applies the store's answer to a renewal sent at sent: the
@@ -59,6 +81,7 @@ func (l *Lease) renewStart() (ttl time.Duration, sent time.Time, err error) {
 func (l *Lease) renewEnd(ctx context.Context, sent time.Time, g backend.Grant, err error) error {
 	l.mu.Lock()
 	defer l.unlock()
+	l.answeredLocked(err)
 	l.checkDeadlineLocked()
 	if l.state != stateHeld {
 		if err == nil && l.state == stateLost {
@@ -90,9 +113,11 @@ func (l *Lease) extendLocked(sent time.Time, granted time.Duration) {
 }
 
 // planRenewalLocked sets the next automatic renewal a third of the TTL
-// after sent, the send time of the request that set the deadline.
+// after sent, the send time of the request that set the deadline: of the
+// TTL the deadline counts (validity.bound), which an Extend whose longer
+// TTL did not count yet leaves below the TTL the renewals ask for.
 func (l *Lease) planRenewalLocked(sent time.Time) {
-	l.wd.renewAt = sent.Add(l.v.ttl / 3)
+	l.wd.renewAt = sent.Add(l.v.bound() / 3)
 }
 
 // armLocked schedules the next tick: the automatic renewal or the deadline,

@@ -41,13 +41,16 @@ import (
 // request sent for the token, whoever sent it (the acquire that asked for
 // cfg's TTL before the lease existed, say). They are equal once a request
 // has been sent, because the lease only ever asks for ttl, which starts at
-// the TTL the acquisition asked for and only shrinks; the deadline still
-// counts from shortestSent alone, so that the bound does not rest on what
-// the lease's code asks for.
+// the TTL the acquisition asked for and shrinks when the store grants less;
+// the deadline still counts from shortestSent alone, so that the bound
+// does not rest on what the lease's code asks for. Lease.Extend changes
+// ttl both ways: a shorter TTL lowers shortestSent as it is sent, and a
+// longer one raises it only once confirmed, and only when no request sent
+// before it can still arrive (raise says why that keeps the invariant).
 type validity struct {
-	ttl          time.Duration // the TTL the lease asks for; shortened when the store grants less
-	drift        time.Duration // the drift allowance, fixed when the lease is made
-	shortestSent time.Duration // shortest TTL of any request sent for the token; 0: none yet
+	ttl          time.Duration // the TTL the lease asks for; shortened when the store grants less, set by Extend
+	drift        time.Duration // the drift allowance, fixed when the lease is made (an Extend may raise it)
+	shortestSent time.Duration // the bound: shortest TTL of any request that may still set the expiry; 0: none yet
 	confirmed    time.Time     // send time of the latest confirmed request; zero: none yet
 	inherited    time.Time     // the previous holder's deadline while a handover is unconfirmed
 	deadline     time.Time     // derived from the fields above by update; read it, never write it
@@ -81,6 +84,15 @@ func handedValidity(cfg *config, prev, start time.Time) validity {
 	v := newValidity(cfg, 0)
 	v.inherit(prev, start)
 	return v
+}
+
+// bound is the TTL the deadline counts: the lesser of the lease's TTL and
+// the bound shortestSent.
+func (v *validity) bound() time.Duration {
+	if v.shortestSent > 0 && v.shortestSent < v.ttl {
+		return v.shortestSent
+	}
+	return v.ttl
 }
 
 // expired reports whether the deadline has come at now.
@@ -124,6 +136,40 @@ func (v *validity) confirm(sent time.Time, granted time.Duration) {
 	}
 	v.inherited = time.Time{} // the store now holds the lock for this token
 	v.update()
+}
+
+// extending records a request of Lease.Extend, about to be sent, that
+// asks for ttl, which the lease asks for from then on, with drift the
+// drift allowance of ttl if it is larger. A shorter ttl lowers the bound
+// at once, as any request does (sending); a longer one raises it only
+// once confirmed (raise).
+func (v *validity) extending(ttl, drift time.Duration) {
+	v.ttl = ttl
+	v.drift = max(v.drift, drift)
+	v.sending(ttl)
+}
+
+// raise lifts the bound to ttl, the longer TTL of an Extend sent at sent
+// that was confirmed, and reports whether the deadline moved. Why this
+// keeps the invariant: sole says that no request sent for the token
+// before the Extend could still arrive (all were answered, none with an
+// unknown outcome). So every request that can still set the store's
+// expiry was sent at or after sent and asked for ttl or for what the lease
+// asked later, v.ttl, which only a store's shorter grant or a later
+// Extend changes: the expiry is at least (latest confirmed send) + the
+// lesser of the two. Without sole the bound stays: an earlier request with
+// the shorter TTL may still arrive and set the expiry with it.
+func (v *validity) raise(sent time.Time, ttl time.Duration, sole bool) bool {
+	if !sole || v.confirmed.Before(sent) {
+		return false
+	}
+	b := min(ttl, v.ttl)
+	if b <= v.shortestSent {
+		return false
+	}
+	v.shortestSent = b
+	v.update()
+	return true
 }
 
 // inherit bounds a lease handed over ahead of the store by the previous

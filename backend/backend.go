@@ -388,6 +388,11 @@ type Capabilities struct {
 	DurableFence bool
 	// FIFO is true when waiters are served in arrival order.
 	FIFO bool
+	// FixedTTL is true when a lock keeps the TTL it was acquired with:
+	// Renew with another TTL is refused (ErrInvalid) or grants the
+	// acquired one. Package lock's Lease.Extend then refuses a new TTL
+	// before sending anything.
+	FixedTTL bool
 	// InProcess is true when the store lives in this process, so a request
 	// costs no round trip. Package lock then skips its per-client queue of
 	// goroutines waiting for the same key, which exists to save requests.

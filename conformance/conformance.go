@@ -338,6 +338,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness, opts ...Option) {
 		{"StoreLosesLock", (*suite).storeLosesLock, nil, false},
 		{"CancelInQueue", (*suite).cancelInQueue, nil, false},
 		{"RenewAfterLoss", (*suite).renewAfterLoss, nil, false},
+		{"Extend", (*suite).extend, nil, false},
 		{"Takeover", (*suite).takeover, nil, false},
 		{"CancelWhileWaiting", (*suite).cancelWhileWaiting, nil, false},
 		{"ManyKeys", (*suite).manyKeys, nil, false},

@@ -415,6 +415,8 @@ func (b *Backend) Capabilities() backend.Capabilities {
 		// expiry; and the servers' clocks run on.
 		ExpirySlack:  b.o.lockDelay + time.Second,
 		DurableFence: true,
+		// A lock's session keeps the TTL it was created with.
+		FixedTTL: true,
 	}
 }
 

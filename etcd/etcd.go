@@ -868,6 +868,8 @@ func capabilities(o options) backend.Capabilities {
 		// (see the package doc).
 		ExpiryFactor: 2,
 		ExpirySlack:  4*time.Second + 3*o.electionTimeout + 600*time.Millisecond,
+		// A lock's lease keeps the TTL it was granted with.
+		FixedTTL:     true,
 		DurableFence: true,
 		FIFO:         true,
 	}

@@ -962,6 +962,8 @@ func (b *Backend) Watch(ctx context.Context, key string) (backend.Watch, error) 
 func (b *Backend) Capabilities() backend.Capabilities {
 	c := capabilities(b.opts)
 	c.FIFO = true // see queue.go
+	// A session is for locks of one TTL (session.go).
+	c.FixedTTL = b.sessions != nil
 	return c
 }
 
