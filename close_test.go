@@ -68,7 +68,7 @@ func testCloseWaitsForRenewals(t *testing.T, batch bool) {
 	ignore := goleak.IgnoreCurrent()
 	const ttl = 30 * time.Second // the renewal at ttl/3
 	fc := clock.NewFake(time.Unix(1_000_000, 0))
-	h := &hangingRenew{Backend: memory.New(memory.WithClock(fc)), started: make(chan struct{}, 1), letGo: make(chan struct{})}
+	h := &hangingRenew{Backend: memory.New(memory.WithStoreClock(fc)), started: make(chan struct{}, 1), letGo: make(chan struct{})}
 	defer close(h.letGo) // whatever happens, nothing waits past the test
 	var b backend.Backend = h
 	keys := []string{"k"}

@@ -39,7 +39,7 @@ func (s *slowContended) Acquire(ctx context.Context, key, token string, ttl time
 func TestTryAcquireGivesUpOnContentionAfterATTL(t *testing.T) {
 	const ttl, latency = time.Second, 300 * time.Millisecond
 	fc := clock.NewFake(time.Unix(1_000_000, 0))
-	b := &slowContended{Backend: memory.New(memory.WithClock(fc)), clock: fc, latency: latency}
+	b := &slowContended{Backend: memory.New(memory.WithStoreClock(fc)), clock: fc, latency: latency}
 	c, err := lock.New(b, lock.WithClock(fc), lock.WithTTL(ttl))
 	if err != nil {
 		t.Fatal(err)

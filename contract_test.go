@@ -47,7 +47,7 @@ func TestBrokenGrantIsNotALease(t *testing.T) {
 		for _, wait := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s, wait %v", tc.name, wait), func(t *testing.T) {
 				store := memory.NewStore()
-				c, err := lock.New(breaksGrants{store.NewClient(), tc.report})
+				c, err := lock.New(breaksGrants{store.NewBackend(), tc.report})
 				if err != nil {
 					t.Fatal(err)
 				}

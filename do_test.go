@@ -15,7 +15,7 @@ import (
 // or a bad option is refused before anything is sent.
 func TestTryDo(t *testing.T) {
 	store := memory.NewStore()
-	c, err := lock.New(store.NewClient())
+	c, err := lock.New(store.NewBackend())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,7 +31,7 @@ func TestTryDo(t *testing.T) {
 	if n := store.Len(); n != 0 {
 		t.Fatalf("%d locks held after TryDo; want 0", n)
 	}
-	other, err := lock.New(store.NewClient())
+	other, err := lock.New(store.NewBackend())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,12 +84,12 @@ func TestTryDoCancelsOnLossAndReportsIt(t *testing.T) {
 // and leaves the section that follows an acquire alone.
 func TestWithWaitBoundsOnlyTheWait(t *testing.T) {
 	store := memory.NewStore()
-	c, err := lock.New(store.NewClient())
+	c, err := lock.New(store.NewBackend())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	other, err := lock.New(store.NewClient())
+	other, err := lock.New(store.NewBackend())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +139,7 @@ func TestReleaseAfterLoss(t *testing.T) {
 	}
 
 	store := memory.NewStore()
-	c2, err := lock.New(store.NewClient(), lock.WithTTL(10*time.Second))
+	c2, err := lock.New(store.NewBackend(), lock.WithTTL(10*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,12 +16,12 @@ import (
 // offsetFences reports the store's fences raised by add: a store whose
 // counters are far ahead of another's.
 type offsetFences struct {
-	*memory.Client
+	*memory.Backend
 	add uint64
 }
 
 func (b offsetFences) Acquire(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
-	g, err := b.Client.Acquire(ctx, key, token, ttl)
+	g, err := b.Backend.Acquire(ctx, key, token, ttl)
 	if err == nil {
 		g.Fence += b.add
 	}
@@ -35,12 +35,12 @@ func (b offsetFences) Acquire(ctx context.Context, key, token string, ttl time.D
 // order holds.
 func TestFenceEpochOrdersStores(t *testing.T) {
 	ctx := context.Background()
-	old, err := lock.New(offsetFences{memory.NewStore().NewClient(), 1_000_000_000_000_000}, lock.WithFenceEpoch(0))
+	old, err := lock.New(offsetFences{memory.NewStore().NewBackend(), 1_000_000_000_000_000}, lock.WithFenceEpoch(0))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer old.Close()
-	next, err := lock.New(memory.NewStore().NewClient(), lock.WithFenceEpoch(1))
+	next, err := lock.New(memory.NewStore().NewBackend(), lock.WithFenceEpoch(1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +80,7 @@ func TestFenceEpochOrdersStores(t *testing.T) {
 func TestFenceEpochRefusesHugeFences(t *testing.T) {
 	ctx := context.Background()
 	store := memory.NewStore()
-	c, err := lock.New(offsetFences{store.NewClient(), 1 << lock.FenceEpochShift}, lock.WithFenceEpoch(0))
+	c, err := lock.New(offsetFences{store.NewBackend(), 1 << lock.FenceEpochShift}, lock.WithFenceEpoch(0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +91,7 @@ func TestFenceEpochRefusesHugeFences(t *testing.T) {
 	if n := store.Len(); n != 0 {
 		t.Fatalf("%d locks left after a refused grant", n)
 	}
-	plain, err := lock.New(offsetFences{store.NewClient(), 1 << lock.FenceEpochShift})
+	plain, err := lock.New(offsetFences{store.NewBackend(), 1 << lock.FenceEpochShift})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,18 +105,18 @@ func TestFenceEpochRefusesHugeFences(t *testing.T) {
 
 // WithFenceEpoch takes 0 to MaxFenceEpoch, and only as a Client option.
 func TestFenceEpochOption(t *testing.T) {
-	if _, err := lock.New(memory.NewStore().NewClient(), lock.WithFenceEpoch(lock.MaxFenceEpoch+1)); !errors.Is(err, lock.ErrInvalidOption) {
+	if _, err := lock.New(memory.NewStore().NewBackend(), lock.WithFenceEpoch(lock.MaxFenceEpoch+1)); !errors.Is(err, lock.ErrInvalidOption) {
 		t.Fatalf("epoch %d: %v; want ErrInvalidOption", lock.MaxFenceEpoch+1, err)
 	}
-	if _, err := lock.New(memory.NewStore().NewClient(), lock.WithFenceEpoch(1), lock.WithFenceEpoch(2)); !errors.Is(err, lock.ErrInvalidOption) || !strings.Contains(err.Error(), "one fence epoch") {
+	if _, err := lock.New(memory.NewStore().NewBackend(), lock.WithFenceEpoch(1), lock.WithFenceEpoch(2)); !errors.Is(err, lock.ErrInvalidOption) || !strings.Contains(err.Error(), "one fence epoch") {
 		t.Fatalf("two epochs: %v; want ErrInvalidOption saying a Client has one", err)
 	}
-	if c, err := lock.New(memory.NewStore().NewClient(), lock.WithFenceEpoch(2), lock.WithFenceEpoch(2)); err != nil {
+	if c, err := lock.New(memory.NewStore().NewBackend(), lock.WithFenceEpoch(2), lock.WithFenceEpoch(2)); err != nil {
 		t.Fatalf("one epoch given twice: %v; want it accepted", err)
 	} else {
 		c.Close()
 	}
-	c, err := lock.New(memory.NewStore().NewClient(), lock.WithFenceEpoch(lock.MaxFenceEpoch))
+	c, err := lock.New(memory.NewStore().NewBackend(), lock.WithFenceEpoch(lock.MaxFenceEpoch))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,8 +14,8 @@ import (
 func ExampleClient_TryAcquire() {
 	ctx := context.Background()
 	store := memory.NewStore()
-	replicaA, _ := lock.New(store.NewClient())
-	replicaB, _ := lock.New(store.NewClient())
+	replicaA, _ := lock.New(store.NewBackend())
+	replicaB, _ := lock.New(store.NewBackend())
 	defer replicaA.Close()
 	defer replicaB.Close()
 
@@ -77,8 +77,8 @@ func (s *storage) write(fence uint64, value string) error {
 func ExampleLease_Fence() {
 	ctx := context.Background()
 	store := memory.NewStore()
-	clientA, _ := lock.New(store.NewClient(), lock.WithAutoRenew(false))
-	clientB, _ := lock.New(store.NewClient())
+	clientA, _ := lock.New(store.NewBackend(), lock.WithAutoRenew(false))
+	clientB, _ := lock.New(store.NewBackend())
 	defer clientA.Close()
 	defer clientB.Close()
 	db := &storage{}

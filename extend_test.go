@@ -19,12 +19,12 @@ import (
 // (A sleep here waits out a TTL; nothing else.)
 func TestExtend(t *testing.T) {
 	store := memory.NewStore()
-	c, err := lock.New(store.NewClient(), lock.WithTTL(100*time.Millisecond), lock.WithAutoRenew(false))
+	c, err := lock.New(store.NewBackend(), lock.WithTTL(100*time.Millisecond), lock.WithAutoRenew(false))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	other, err := lock.New(store.NewClient())
+	other, err := lock.New(store.NewBackend())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +173,7 @@ func TestExtendFixedTTL(t *testing.T) {
 // past it.
 func TestExtendThenAutoRenew(t *testing.T) {
 	store := memory.NewStore()
-	c, err := lock.New(store.NewClient(), lock.WithTTL(100*time.Millisecond))
+	c, err := lock.New(store.NewBackend(), lock.WithTTL(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -215,7 +215,7 @@ func (l *Lease) Err() error {
 	return l.err
 }
 
-// Confirmed waits until the store holds the lock for this lease's token and
+// WaitConfirmed waits until the store holds the lock for this lease's token and
 // returns nil, or returns the lease's error (lost, released) or ctx's. Only
 // a lease handed over ahead of the store (see Acquire) waits: until the
 // transfer it started lands, the store still holds the lock for the
@@ -223,7 +223,7 @@ func (l *Lease) Err() error {
 // makes conditional on the lease's token (the backends' in-store guards,
 // such as the Redis backend's SetIfHeld): such a write would be refused
 // until then.
-func (l *Lease) Confirmed(ctx context.Context) error {
+func (l *Lease) WaitConfirmed(ctx context.Context) error {
 	if ctx == nil {
 		return invalid(ErrInvalid, "confirm %q: nil context", l.key)
 	}

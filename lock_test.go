@@ -80,8 +80,8 @@ type fixture struct {
 func newFixture(t *testing.T, opts ...lock.Option) *fixture {
 	t.Helper()
 	fc := clock.NewFake(time.Unix(1_000_000, 0))
-	store := memory.NewStore(memory.WithClock(fc))
-	p := &probe{Backend: store.NewClient(), clock: fc}
+	store := memory.NewStore(memory.WithStoreClock(fc))
+	p := &probe{Backend: store.NewBackend(), clock: fc}
 	p.failRenews.Store(0)
 	c, err := lock.New(p, append([]lock.Option{lock.WithClock(fc)}, opts...)...)
 	if err != nil {
@@ -147,7 +147,7 @@ func TestLostExactlyAtDeadline(t *testing.T) {
 	}
 	// The store still holds it for 10ms more (the drift): nobody else can
 	// have it yet, and the holder already knows it lost it.
-	if h, _ := f.store.NewClient().Inspect(context.Background(), "k"); !h.Held {
+	if h, _ := f.store.NewBackend().Inspect(context.Background(), "k"); !h.Held {
 		t.Error("store freed the key before TTL")
 	}
 }
@@ -176,7 +176,7 @@ func TestAutoRenewKeepsTheLease(t *testing.T) {
 			t.Fatalf("renewal %d: lease lost: %v", i, err)
 		}
 	}
-	h, err := f.store.NewClient().Inspect(context.Background(), "k")
+	h, err := f.store.NewBackend().Inspect(context.Background(), "k")
 	if err != nil || !h.Held || h.Token != l.Token() {
 		t.Fatalf("store holder %+v, %v; want the lease's token", h, err)
 	}
@@ -217,7 +217,7 @@ func TestAutoRenewNeverReacquires(t *testing.T) {
 		t.Fatal(err)
 	}
 	// An operator deletes the lock behind the holder's back.
-	if err := f.store.NewClient().Release(ctx, "k", l.Token()); err != nil {
+	if err := f.store.NewBackend().Release(ctx, "k", l.Token()); err != nil {
 		t.Fatal(err)
 	}
 	f.clock.Advance(ttl / 3)
@@ -237,7 +237,7 @@ func TestAutoRenewNeverReacquires(t *testing.T) {
 	if n := f.probe.renews.Load(); n != renews {
 		t.Errorf("%d renewals sent after the loss; want none", n-renews)
 	}
-	if h, _ := f.store.NewClient().Inspect(ctx, "k"); h.Held {
+	if h, _ := f.store.NewBackend().Inspect(ctx, "k"); h.Held {
 		t.Errorf("the key was re-acquired: %+v", h)
 	}
 }
@@ -294,7 +294,7 @@ func TestDoCancelsOnLossAndReportsIt(t *testing.T) {
 
 func TestDoReleasesAndReturnsFnError(t *testing.T) {
 	store := memory.NewStore()
-	c, err := lock.New(store.NewClient())
+	c, err := lock.New(store.NewBackend())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,14 +319,14 @@ func TestDoReleasesAndReturnsFnError(t *testing.T) {
 func TestAcquireWithoutNotifierWaitsAtMostTheRemainingTTL(t *testing.T) {
 	const ttl = 200 * time.Millisecond
 	store := memory.NewStore()
-	holder, err := lock.New(store.NewClient(), lock.WithAutoRenew(false))
+	holder, err := lock.New(store.NewBackend(), lock.WithAutoRenew(false))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer holder.Close()
 	// The probe hides the memory backend's wake-ups: the waiter must back
 	// off, and never sleep past the holder's expiry.
-	p := &probe{Backend: store.NewClient()}
+	p := &probe{Backend: store.NewBackend()}
 	waiter, err := lock.New(p, lock.WithBackoff(time.Second, 10*time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -352,12 +352,12 @@ func TestAcquireWithoutNotifierWaitsAtMostTheRemainingTTL(t *testing.T) {
 
 func TestAcquireWakesOnReleaseWithoutPolling(t *testing.T) {
 	store := memory.NewStore()
-	holder, err := lock.New(store.NewClient())
+	holder, err := lock.New(store.NewBackend())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer holder.Close()
-	p := notifyingProbe{&probe{Backend: store.NewClient()}}
+	p := notifyingProbe{&probe{Backend: store.NewBackend()}}
 	waiter, err := lock.New(p)
 	if err != nil {
 		t.Fatal(err)
@@ -601,7 +601,7 @@ func (g grantThenFail) Acquire(ctx context.Context, key, token string, ttl time.
 
 func TestAcquireWithUnknownOutcomeLeavesNothingBehind(t *testing.T) {
 	store := memory.NewStore()
-	c, err := lock.New(grantThenFail{store.NewClient()})
+	c, err := lock.New(grantThenFail{store.NewBackend()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -635,7 +635,7 @@ func (f *firstReleaseLost) Release(ctx context.Context, key, token string) error
 // connection (the conformance case HandoverFails caught it over netstore).
 func TestCleanupSendsAnUnknownReleaseAgain(t *testing.T) {
 	store := memory.NewStore()
-	f := &firstReleaseLost{Backend: store.NewClient()}
+	f := &firstReleaseLost{Backend: store.NewBackend()}
 	c, err := lock.New(grantThenFail{f})
 	if err != nil {
 		t.Fatal(err)
@@ -657,7 +657,7 @@ func TestCleanupSendsAnUnknownReleaseAgain(t *testing.T) {
 // left held for the rest of its TTL.
 func TestReleaseOfUnknownOutcomeIsSentAgain(t *testing.T) {
 	store := memory.NewStore()
-	f := &firstReleaseLost{Backend: store.NewClient()}
+	f := &firstReleaseLost{Backend: store.NewBackend()}
 	c, err := lock.New(f)
 	if err != nil {
 		t.Fatal(err)
@@ -762,8 +762,8 @@ func (s *slowRenew) Capabilities() backend.Capabilities {
 func TestRenewCompletingAfterTheDeadlineDoesNotRevive(t *testing.T) {
 	const ttl = 300 * time.Millisecond
 	fc := clock.NewFake(time.Unix(0, 0))
-	store := memory.NewStore(memory.WithClock(fc))
-	sb := &slowRenew{Backend: store.NewClient(), started: make(chan struct{}, 1), release: make(chan struct{})}
+	store := memory.NewStore(memory.WithStoreClock(fc))
+	sb := &slowRenew{Backend: store.NewBackend(), started: make(chan struct{}, 1), release: make(chan struct{})}
 	c, err := lock.New(sb, lock.WithClock(fc), lock.WithAutoRenew(false))
 	if err != nil {
 		t.Fatal(err)
@@ -805,10 +805,10 @@ func (minOneSecond) Capabilities() backend.Capabilities {
 
 func TestTTLBelowTheBackendMinimum(t *testing.T) {
 	store := memory.NewStore()
-	if _, err := lock.New(minOneSecond{store.NewClient()}, lock.WithTTL(500*time.Millisecond)); !errors.Is(err, lock.ErrInvalidTTL) {
+	if _, err := lock.New(minOneSecond{store.NewBackend()}, lock.WithTTL(500*time.Millisecond)); !errors.Is(err, lock.ErrInvalidTTL) {
 		t.Fatalf("New with a TTL below the minimum: %v; want ErrInvalidTTL", err)
 	}
-	c, err := lock.New(minOneSecond{store.NewClient()})
+	c, err := lock.New(minOneSecond{store.NewBackend()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -824,7 +824,7 @@ func TestTTLBelowTheBackendMinimum(t *testing.T) {
 
 func TestDoReleasesWhenFnPanics(t *testing.T) {
 	store := memory.NewStore()
-	c, err := lock.New(store.NewClient())
+	c, err := lock.New(store.NewBackend())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -928,12 +928,12 @@ func TestGoroutinesOfOneClientQueueLocally(t *testing.T) {
 func TestAcquireGivingUpOnAHeldKeyWrapsErrLocked(t *testing.T) {
 	ctx := context.Background()
 	store := memory.NewStore()
-	a, err := lock.New(store.NewClient())
+	a, err := lock.New(store.NewBackend())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	b, err := lock.New(store.NewClient())
+	b, err := lock.New(store.NewBackend())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,19 +13,19 @@ import (
 
 // transferReplyLost is a memory client across a network: its transfers
 // take effect, and their replies are lost.
-type transferReplyLost struct{ *memory.Client }
+type transferReplyLost struct{ *memory.Backend }
 
 var errReplyLost = errors.New("the reply was lost (outcome unknown)")
 
 func (b transferReplyLost) Transfer(ctx context.Context, key, from, to string, ttl time.Duration, opt backend.TransferOptions) (backend.Transferred, error) {
-	if _, err := b.Client.Transfer(ctx, key, from, to, ttl, opt); err != nil {
+	if _, err := b.Backend.Transfer(ctx, key, from, to, ttl, opt); err != nil {
 		return backend.Transferred{}, err
 	}
 	return backend.Transferred{}, errReplyLost
 }
 
 func (b transferReplyLost) Capabilities() backend.Capabilities {
-	caps := b.Client.Capabilities()
+	caps := b.Backend.Capabilities()
 	caps.InProcess = false // the paths of a networked store
 	return caps
 }
@@ -37,7 +37,7 @@ func (b transferReplyLost) Capabilities() backend.Capabilities {
 // held it at release", for a lease valid to its release).
 func TestReleaseAfterUnknownHandoverIsNoLoss(t *testing.T) {
 	store := memory.NewStore()
-	c, err := lock.New(transferReplyLost{store.NewClient()}, lock.WithTTL(time.Second))
+	c, err := lock.New(transferReplyLost{store.NewBackend()}, lock.WithTTL(time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

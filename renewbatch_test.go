@@ -51,8 +51,8 @@ func (p *batchProbe) RenewBatch(ctx context.Context, rs []backend.Renewal) []bac
 
 func newBatchProbe(t *testing.T, fc *clock.Fake, ttl time.Duration) (*batchProbe, *lock.Client) {
 	t.Helper()
-	store := memory.NewStore(memory.WithClock(fc))
-	p := &batchProbe{probe: &probe{Backend: store.NewClient(), clock: fc}, started: make(chan struct{}, 16), unblock: make(chan struct{})}
+	store := memory.NewStore(memory.WithStoreClock(fc))
+	p := &batchProbe{probe: &probe{Backend: store.NewBackend(), clock: fc}, started: make(chan struct{}, 16), unblock: make(chan struct{})}
 	c, err := lock.New(p, lock.WithClock(fc), lock.WithTTL(ttl))
 	if err != nil {
 		t.Fatal(err)

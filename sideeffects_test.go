@@ -33,9 +33,9 @@ func TestRenewSlotsPerClient(t *testing.T) {
 	ctx := context.Background()
 	const ttl = 30 * time.Second // renewals at about ttl/3
 	fc := clock.NewFake(time.Unix(1_000_000, 0))
-	store := memory.NewStore(memory.WithClock(fc))
+	store := memory.NewStore(memory.WithStoreClock(fc))
 
-	ma := store.NewClient()
+	ma := store.NewBackend()
 	spyA := &renewSpy{Backend: ma, renews: make(chan string, lock.MaxConcurrentTicks)}
 	a, err := lock.New(spyA, lock.WithClock(fc), lock.WithTTL(ttl))
 	if err != nil {
@@ -58,7 +58,7 @@ func TestRenewSlotsPerClient(t *testing.T) {
 		<-spyA.renews
 	}
 
-	spyB := &renewSpy{Backend: store.NewClient(), renews: make(chan string, 1)}
+	spyB := &renewSpy{Backend: store.NewBackend(), renews: make(chan string, 1)}
 	b, err := lock.New(spyB, lock.WithClock(fc), lock.WithTTL(ttl))
 	if err != nil {
 		t.Fatal(err)
@@ -122,7 +122,7 @@ func (s *releaseSpy) Release(ctx context.Context, key, token string) error {
 func TestCleanupResendPausesOnTheClientsClock(t *testing.T) {
 	ctx := context.Background()
 	fc := &armSpy{Fake: clock.NewFake(time.Unix(1_000_000, 0)), d: 50 * time.Millisecond, armed: make(chan struct{}, 4)}
-	spy := &releaseSpy{Backend: memory.New(memory.WithClock(fc.Fake)), fail: 2, releases: make(chan int64, 8)}
+	spy := &releaseSpy{Backend: memory.New(memory.WithStoreClock(fc.Fake)), fail: 2, releases: make(chan int64, 8)}
 	c, err := lock.New(spy, lock.WithClock(fc), lock.WithTTL(time.Minute))
 	if err != nil {
 		t.Fatal(err)

@@ -46,7 +46,7 @@ type Timer interface {
 // Real's type is not an interface but an unexported struct: no other clock
 // can be assigned to it, so a program (or a test) cannot swap the system
 // clock for every user of this package at once; a clock is given to each
-// user instead (lock.WithClock, memory.WithClock). Tell it apart with
+// user instead (lock.WithClock, memory.WithStoreClock). Tell it apart with
 // IsReal, not by comparing it with Real.
 var Real = realClock{}
 

@@ -44,7 +44,7 @@ func (b *Backend) TxnIfHeld(ctx context.Context, l *lock.Lease, ops ...clientv3.
 			return nil, fmt.Errorf("%w: etcd: TxnIfHeld: key %q is under the backend's prefix %q; keep the data elsewhere", backend.ErrInvalid, k, b.opts.prefix)
 		}
 	}
-	if err := l.Confirmed(ctx); err != nil {
+	if err := l.WaitConfirmed(ctx); err != nil {
 		return nil, err
 	}
 	lk := b.lockKeyOf(l.Key())

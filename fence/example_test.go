@@ -46,8 +46,8 @@ func ExampleTable_Apply() {
 	}
 
 	store := memory.NewStore()
-	clientA, _ := lock.New(store.NewClient(), lock.WithAutoRenew(false))
-	clientB, _ := lock.New(store.NewClient())
+	clientA, _ := lock.New(store.NewBackend(), lock.WithAutoRenew(false))
+	clientB, _ := lock.New(store.NewBackend())
 	defer clientA.Close()
 	defer clientB.Close()
 
@@ -91,12 +91,12 @@ func ExampleGuard_Do() {
 func ExampleGuard_DoLease() {
 	ctx := context.Background()
 	store := memory.NewStore()
-	clientA, err := lock.New(store.NewClient(), lock.WithAutoRenew(false))
+	clientA, err := lock.New(store.NewBackend(), lock.WithAutoRenew(false))
 	if err != nil {
 		panic(err)
 	}
 	defer clientA.Close()
-	clientB, err := lock.New(store.NewClient())
+	clientB, err := lock.New(store.NewBackend())
 	if err != nil {
 		panic(err)
 	}

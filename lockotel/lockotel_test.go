@@ -51,13 +51,13 @@ func TestObserver(t *testing.T) {
 	}
 	obs := signal{next: ob, lost: make(chan struct{}, 1)}
 	store := memory.NewStore()
-	mc := store.NewClient()
+	mc := store.NewBackend()
 	holder, err := lock.New(mc, lock.WithObserver(obs), lock.WithTTL(100*time.Millisecond), lock.WithAutoRenew(false))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer holder.Close()
-	other, err := lock.New(store.NewClient(), lock.WithObserver(obs))
+	other, err := lock.New(store.NewBackend(), lock.WithObserver(obs))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -46,35 +46,35 @@ var (
 	_ conformance.ReplyHolder  = harness{}
 )
 
-func (h harness) NewBackend(context.Context) (backend.Backend, error) { return h.s.NewClient(), nil }
+func (h harness) NewBackend(context.Context) (backend.Backend, error) { return h.s.NewBackend(), nil }
 
-func (h harness) Capabilities() backend.Capabilities { return h.s.NewClient().Capabilities() }
+func (h harness) Capabilities() backend.Capabilities { return h.s.NewBackend().Capabilities() }
 
 func (h harness) Pause(context.Context) error  { h.s.Pause(); return nil }
 func (h harness) Resume(context.Context) error { h.s.Resume(); return nil }
 
 func (h harness) Disconnect(_ context.Context, b backend.Backend) error {
-	b.(*Client).Disconnect()
+	b.(*Backend).Disconnect()
 	return nil
 }
 
 func (h harness) Reconnect(_ context.Context, b backend.Backend) error {
-	b.(*Client).Reconnect()
+	b.(*Backend).Reconnect()
 	return nil
 }
 
 func (h harness) HoldReplies(_ context.Context, b backend.Backend) error {
-	b.(*Client).HoldReplies()
+	b.(*Backend).HoldReplies()
 	return nil
 }
 
 func (h harness) DeliverReplies(_ context.Context, b backend.Backend) error {
-	b.(*Client).DeliverReplies()
+	b.(*Backend).DeliverReplies()
 	return nil
 }
 
 func (h harness) DropReplies(_ context.Context, b backend.Backend) error {
-	b.(*Client).DropReplies()
+	b.(*Backend).DropReplies()
 	return nil
 }
 

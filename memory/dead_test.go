@@ -28,10 +28,10 @@ func (s *Store) deadTokens() int {
 func TestDeadTokens(t *testing.T) {
 	ctx := context.Background()
 	fc := clock.NewFake(time.Unix(0, 0))
-	s := NewStore(WithClock(fc))
+	s := NewStore(WithStoreClock(fc))
 	s.KeepDeadTokens(DeadTokenTTL)
 	s.KeepDeadTokens(time.Second) // ignored: d only grows
-	c := s.NewClient()
+	c := s.NewBackend()
 	const ttl = time.Minute
 
 	// A release sent again answers as the first did; an acquire or a
@@ -101,7 +101,7 @@ func TestDeadTokens(t *testing.T) {
 func TestReleasedInProcess(t *testing.T) {
 	ctx := context.Background()
 	s := NewStore()
-	c := s.NewClient()
+	c := s.NewBackend()
 	if _, err := c.Acquire(ctx, "k", "a", time.Minute); err != nil {
 		t.Fatal(err)
 	}

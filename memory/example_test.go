@@ -16,8 +16,8 @@ import (
 func Example_fakeClock() {
 	ctx := context.Background()
 	fc := clock.NewFake(time.Unix(0, 0))
-	store := memory.NewStore(memory.WithClock(fc))
-	locks, _ := lock.New(store.NewClient(), lock.WithClock(fc), lock.WithAutoRenew(false))
+	store := memory.NewStore(memory.WithStoreClock(fc))
+	locks, _ := lock.New(store.NewBackend(), lock.WithClock(fc), lock.WithAutoRenew(false))
 	defer locks.Close()
 
 	l, _ := locks.TryAcquire(ctx, "job", lock.WithTTL(time.Second))
@@ -33,7 +33,7 @@ func Example_fakeClock() {
 
 // Cut one client off the store, as a network partition would, and watch the
 // holder learn that it lost the lock.
-func ExampleClient_Disconnect() {
+func ExampleBackend_Disconnect() {
 	ctx := context.Background()
 	conn := memory.New()
 	locks, _ := lock.New(conn, lock.WithTTL(50*time.Millisecond))

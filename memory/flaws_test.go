@@ -90,7 +90,7 @@ import (
 	"github.com/distlock/lock/backend"
 )
 
-func (c *Client) flawAcquireNonAtomic(key, token string, ttl time.Duration) (backend.Grant, error) {
+func (c *Backend) flawAcquireNonAtomic(key, token string, ttl time.Duration) (backend.Grant, error) {
 	s := c.s
 	sh := s.shard(key)
 	sh.mu.Lock()
@@ -170,8 +170,8 @@ func flawSameToken(a, b string) bool {
 		// Calls wait for a disconnected client or a paused store
 		// regardless of their context.
 		edits("ignores-context",
-			"func (c *Client) enter(ctx context.Context) error {\n",
-			"func (c *Client) enter(ctx context.Context) error {\n\tctx = context.Background()\n"),
+			"func (c *Backend) enter(ctx context.Context) error {\n",
+			"func (c *Backend) enter(ctx context.Context) error {\n\tctx = context.Background()\n"),
 		// A transfer with a reserved fence does not check from.
 		edits("transfer-any-from", "case e.token != from:", "case e.token != from && opt.Fence == 0:"),
 		// A transfer forgets that an owner elsewhere waits.

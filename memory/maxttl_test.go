@@ -24,11 +24,11 @@ func TestMaxTTL(t *testing.T) {
 		t.Fatalf("memory.DefaultMaxTTL %v; want lock.DefaultMaxTTL, %v", memory.DefaultMaxTTL, lock.DefaultMaxTTL)
 	}
 	store := memory.NewStore()
-	c := store.NewClient()
+	c := store.NewBackend()
 	if got := c.Capabilities().MaxTTL; got != memory.DefaultMaxTTL {
 		t.Fatalf("Capabilities().MaxTTL %v; want the default, %v", got, memory.DefaultMaxTTL)
 	}
-	locks, err := lock.New(store.NewClient())
+	locks, err := lock.New(store.NewBackend())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func TestMaxTTL(t *testing.T) {
 	c.Release(ctx, "k", "t2")
 
 	raised := memory.NewStore(memory.WithMaxTTL(time.Hour))
-	rlocks, err := lock.New(raised.NewClient(), lock.WithTTL(time.Hour))
+	rlocks, err := lock.New(raised.NewBackend(), lock.WithTTL(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func TestMaxTTL(t *testing.T) {
 	for _, d := range []time.Duration{0, -time.Second, lock.MaxTTL + time.Second} {
 		bad := memory.NewStore(memory.WithMaxTTL(d))
 		want := fmt.Sprintf("maximum TTL %v (WithMaxTTL, URL parameter maxttl) must be at least 1ms and at most 8760h0m0s", d)
-		if _, err := bad.NewClient().Acquire(ctx, "k", "t", time.Second); !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), want) {
+		if _, err := bad.NewBackend().Acquire(ctx, "k", "t", time.Second); !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), want) {
 			t.Errorf("Acquire on a store with WithMaxTTL(%v): %v; want ErrInvalid saying %q", d, err, want)
 		}
 		if n := bad.Len(); n != 0 {

@@ -4,9 +4,9 @@
 //
 //	locks, err := lock.New(memory.New())
 //
-// A Store holds the locks; each Client is one independent connection to it
+// A Store holds the locks; each Backend is one independent connection to it
 // (its own fault switches), and implements backend.Backend. Several
-// lock.Clients over Clients of one Store contend for the same keys, like
+// lock.Clients over Backends of one Store contend for the same keys, like
 // several processes on one Redis.
 //
 // # Testing lock-loss handling
@@ -17,10 +17,10 @@
 //
 //   - Store.Pause and Store.Resume: the store stops answering; calls block
 //     until it resumes or their context ends.
-//   - Client.Disconnect and Client.Reconnect: one client is cut off the same
+//   - Backend.Disconnect and Backend.Reconnect: one client is cut off the same
 //     way (a partition), the others go on.
 //   - Store.Restart: the store restarts, keeping its data or losing it.
-//   - Client.HoldReplies, DeliverReplies and DropReplies: requests take
+//   - Backend.HoldReplies, DeliverReplies and DropReplies: requests take
 //     effect but their replies wait, arrive late, or are lost.
 //
 // These switches are test hooks: they exist for tests of code that uses
@@ -48,7 +48,7 @@
 //	                         | (netstore sets DeadTokenTTL), for d: an Acquire
 //	                         | with the token, or a Transfer to it, fails with
 //	                         | ErrInvalid
-//	transfer                 | Client.Transfer (backend.Transferer), for
+//	transfer                 | Backend.Transfer (backend.Transferer), for
 //	                         | servers built on a Store; package lock does not
 //	                         | transfer on a store in its own process
 //	maximum TTL              | WithMaxTTL (URL parameter maxttl), default
@@ -138,7 +138,7 @@ type StoreOption func(*Store)
 
 // WithClock sets the store's clock, which decides expiry. Tests pass a
 // *clock.Fake, usually the same one given to lock.WithClock.
-func WithClock(c clock.Clock) StoreOption {
+func WithStoreClock(c clock.Clock) StoreOption {
 	return func(s *Store) {
 		if c != nil {
 			s.clock = c
@@ -172,15 +172,15 @@ func NewStore(opts ...StoreOption) *Store {
 	return s
 }
 
-// New returns a Client of a new private Store: the shortest way to a backend.
-func New(opts ...StoreOption) *Client {
-	return NewStore(opts...).NewClient()
+// New returns a Backend of a new private Store: the shortest way to a backend.
+func New(opts ...StoreOption) *Backend {
+	return NewStore(opts...).NewBackend()
 }
 
-// NewClient returns a new independent connection to the store, with the
+// NewBackend returns a new independent connection to the store, with the
 // store's maximum TTL (WithMaxTTL).
-func (s *Store) NewClient() *Client {
-	return &Client{s: s, maxTTL: s.maxTTL}
+func (s *Store) NewBackend() *Backend {
+	return &Backend{s: s, maxTTL: s.maxTTL}
 }
 
 // now returns the store's time as an offset from its epoch: on the real
@@ -275,10 +275,10 @@ func (s *Store) Watchers() int {
 	return n
 }
 
-// Client is one connection to a Store. It implements backend.Backend,
+// Backend is one connection to a Store. It implements backend.Backend,
 // backend.Notifier, backend.Describer, backend.Inspector and
 // backend.Transferer.
-type Client struct {
+type Backend struct {
 	s       *Store
 	maxTTL  time.Duration
 	gate    gate // Disconnect/Reconnect
@@ -290,28 +290,28 @@ type Client struct {
 }
 
 var (
-	_ backend.Backend    = (*Client)(nil)
-	_ backend.Notifier   = (*Client)(nil)
-	_ backend.Describer  = (*Client)(nil)
-	_ backend.Inspector  = (*Client)(nil)
-	_ backend.Transferer = (*Client)(nil)
+	_ backend.Backend    = (*Backend)(nil)
+	_ backend.Notifier   = (*Backend)(nil)
+	_ backend.Describer  = (*Backend)(nil)
+	_ backend.Inspector  = (*Backend)(nil)
+	_ backend.Transferer = (*Backend)(nil)
 )
 
 // Store returns the store this client is connected to.
-func (c *Client) Store() *Store { return c.s }
+func (c *Backend) Store() *Store { return c.s }
 
 // Disconnect cuts this client off: its calls block until Reconnect or the end
 // of their context, as behind a network partition that drops packets.
-func (c *Client) Disconnect() { c.gate.close() }
+func (c *Backend) Disconnect() { c.gate.close() }
 
 // Reconnect undoes Disconnect.
-func (c *Client) Reconnect() { c.gate.open() }
+func (c *Backend) Reconnect() { c.gate.open() }
 
 // HoldReplies is a test hook that simulates replies held on the network: the client's requests
 // still reach the store and take effect, but Acquire, Renew and Release
 // return only after DeliverReplies (or their context's end, or
 // DropReplies).
-func (c *Client) HoldReplies() {
+func (c *Backend) HoldReplies() {
 	c.dropMu.Lock()
 	if c.dropped == nil {
 		c.dropped = make(chan struct{})
@@ -321,11 +321,11 @@ func (c *Client) HoldReplies() {
 }
 
 // DeliverReplies undoes HoldReplies: held replies arrive.
-func (c *Client) DeliverReplies() { c.replies.open() }
+func (c *Backend) DeliverReplies() { c.replies.open() }
 
 // DropReplies loses the held replies: the calls waiting for them return
 // ErrReplyLost (their requests took effect), and later replies arrive.
-func (c *Client) DropReplies() {
+func (c *Backend) DropReplies() {
 	c.dropMu.Lock()
 	if c.dropped != nil {
 		close(c.dropped)
@@ -341,7 +341,7 @@ var ErrReplyLost = errors.New("memory: the reply was lost (simulated)")
 
 // replied returns err once the reply may arrive: at once unless replies
 // are held.
-func (c *Client) replied(ctx context.Context, err error) error {
+func (c *Backend) replied(ctx context.Context, err error) error {
 	if !c.replies.closed.Load() {
 		return err
 	}
@@ -365,7 +365,7 @@ func (c *Client) replied(ctx context.Context, err error) error {
 }
 
 // Close closes the client. Locks it holds stay until they expire.
-func (c *Client) Close() error {
+func (c *Backend) Close() error {
 	if c.closed.CompareAndSwap(false, true) && c.onClose != nil {
 		c.onClose()
 	}
@@ -373,7 +373,7 @@ func (c *Client) Close() error {
 }
 
 // Capabilities reports the store's guarantees.
-func (c *Client) Capabilities() backend.Capabilities {
+func (c *Backend) Capabilities() backend.Capabilities {
 	return backend.Capabilities{
 		MinTTL:       MinTTL,
 		MaxTTL:       c.maxTTL,
@@ -384,7 +384,7 @@ func (c *Client) Capabilities() backend.Capabilities {
 }
 
 // enter waits until the client and the store answer.
-func (c *Client) enter(ctx context.Context) error {
+func (c *Backend) enter(ctx context.Context) error {
 	if c.closed.Load() {
 		return backend.ErrClosed
 	}
@@ -409,7 +409,7 @@ func checkMaxTTL(d time.Duration) error {
 	return nil
 }
 
-func (c *Client) checkTTL(ttl time.Duration) error {
+func (c *Backend) checkTTL(ttl time.Duration) error {
 	if ttl < MinTTL {
 		return fmt.Errorf("%w: memory: TTL %v is below the minimum of %v", backend.ErrInvalid, ttl, MinTTL)
 	}
@@ -423,12 +423,12 @@ func (c *Client) checkTTL(ttl time.Duration) error {
 }
 
 // Acquire implements backend.Backend.
-func (c *Client) Acquire(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
+func (c *Backend) Acquire(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
 	g, err := c.acquire(ctx, key, token, ttl)
 	return g, c.replied(ctx, err)
 }
 
-func (c *Client) acquire(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
+func (c *Backend) acquire(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
 	if err := c.enter(ctx); err != nil {
 		return backend.Grant{}, err
 	}
@@ -479,12 +479,12 @@ func (sh *shard) maybeSweep(now time.Duration) {
 }
 
 // Renew implements backend.Backend.
-func (c *Client) Renew(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
+func (c *Backend) Renew(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
 	g, err := c.renew(ctx, key, token, ttl)
 	return g, c.replied(ctx, err)
 }
 
-func (c *Client) renew(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
+func (c *Backend) renew(ctx context.Context, key, token string, ttl time.Duration) (backend.Grant, error) {
 	if err := c.enter(ctx); err != nil {
 		return backend.Grant{}, err
 	}
@@ -507,11 +507,11 @@ func (c *Client) renew(ctx context.Context, key, token string, ttl time.Duration
 }
 
 // Release implements backend.Backend.
-func (c *Client) Release(ctx context.Context, key, token string) error {
+func (c *Backend) Release(ctx context.Context, key, token string) error {
 	return c.replied(ctx, c.release(ctx, key, token))
 }
 
-func (c *Client) release(ctx context.Context, key, token string) error {
+func (c *Backend) release(ctx context.Context, key, token string) error {
 	if err := c.enter(ctx); err != nil {
 		return err
 	}
@@ -549,12 +549,12 @@ func (c *Client) release(ctx context.Context, key, token string) error {
 // its chance. Package lock never transfers on a store in its own process
 // (Capabilities.InProcess); servers built on a Store, such as package
 // netstore, serve it.
-func (c *Client) Transfer(ctx context.Context, key, from, to string, ttl time.Duration, opt backend.TransferOptions) (backend.Transferred, error) {
+func (c *Backend) Transfer(ctx context.Context, key, from, to string, ttl time.Duration, opt backend.TransferOptions) (backend.Transferred, error) {
 	t, err := c.transfer(ctx, key, from, to, ttl, opt)
 	return t, c.replied(ctx, err)
 }
 
-func (c *Client) transfer(ctx context.Context, key, from, to string, ttl time.Duration, opt backend.TransferOptions) (backend.Transferred, error) {
+func (c *Backend) transfer(ctx context.Context, key, from, to string, ttl time.Duration, opt backend.TransferOptions) (backend.Transferred, error) {
 	if err := c.enter(ctx); err != nil {
 		return backend.Transferred{}, err
 	}
@@ -619,7 +619,7 @@ func (sh *shard) wakeFirst(key string) {
 }
 
 // Inspect implements backend.Inspector.
-func (c *Client) Inspect(ctx context.Context, key string) (backend.Holder, error) {
+func (c *Backend) Inspect(ctx context.Context, key string) (backend.Holder, error) {
 	if err := c.enter(ctx); err != nil {
 		return backend.Holder{}, err
 	}
@@ -639,7 +639,7 @@ func (c *Client) Inspect(ctx context.Context, key string) (backend.Holder, error
 // wake-up on to the next; a restart wakes them all. Expiry wakes no one: the
 // waiter's own timer, capped by package lock at the holder's remaining TTL,
 // finds it.
-func (c *Client) Watch(ctx context.Context, key string) (backend.Watch, error) {
+func (c *Backend) Watch(ctx context.Context, key string) (backend.Watch, error) {
 	if err := c.enter(ctx); err != nil {
 		return nil, err
 	}
@@ -787,7 +787,7 @@ func init() {
 			named[name] = n
 		}
 		n.clients++
-		c := n.s.NewClient()
+		c := n.s.NewBackend()
 		c.maxTTL = maxTTL
 		c.onClose = func() {
 			namedMu.Lock()

@@ -30,7 +30,7 @@ var (
 )
 
 func (h pairHarness) NewBackend(context.Context) (backend.Backend, error) {
-	b, _, err := migrate.Config{From: h.from.NewClient(), To: h.to.NewClient(), Phase: h.phase}.Backend()
+	b, _, err := migrate.Config{From: h.from.NewBackend(), To: h.to.NewBackend(), Phase: h.phase}.Backend()
 	return b, err
 }
 
@@ -44,32 +44,32 @@ func (h pairHarness) Capabilities() backend.Capabilities {
 }
 
 // each applies f to both clients of b.
-func each(b backend.Backend, f func(*memory.Client)) error {
+func each(b backend.Backend, f func(*memory.Backend)) error {
 	from, to, ok := migrate.Stores(b)
 	if !ok {
 		return fmt.Errorf("backend %T is not a phase 2 or 3 backend", b)
 	}
-	f(from.(*memory.Client))
-	f(to.(*memory.Client))
+	f(from.(*memory.Backend))
+	f(to.(*memory.Backend))
 	return nil
 }
 
 func (h pairHarness) Pause(context.Context) error  { h.from.Pause(); h.to.Pause(); return nil }
 func (h pairHarness) Resume(context.Context) error { h.from.Resume(); h.to.Resume(); return nil }
 func (h pairHarness) Disconnect(_ context.Context, b backend.Backend) error {
-	return each(b, (*memory.Client).Disconnect)
+	return each(b, (*memory.Backend).Disconnect)
 }
 func (h pairHarness) Reconnect(_ context.Context, b backend.Backend) error {
-	return each(b, (*memory.Client).Reconnect)
+	return each(b, (*memory.Backend).Reconnect)
 }
 func (h pairHarness) HoldReplies(_ context.Context, b backend.Backend) error {
-	return each(b, (*memory.Client).HoldReplies)
+	return each(b, (*memory.Backend).HoldReplies)
 }
 func (h pairHarness) DeliverReplies(_ context.Context, b backend.Backend) error {
-	return each(b, (*memory.Client).DeliverReplies)
+	return each(b, (*memory.Backend).DeliverReplies)
 }
 func (h pairHarness) DropReplies(_ context.Context, b backend.Backend) error {
-	return each(b, (*memory.Client).DropReplies)
+	return each(b, (*memory.Backend).DropReplies)
 }
 func (h pairHarness) Restart(_ context.Context, keepData bool) error {
 	mode := memory.LoseData

@@ -17,7 +17,7 @@ func Example() {
 	ctx := context.Background()
 	from, to := memory.NewStore(), memory.NewStore()
 	for phase := migrate.FromOnly; phase <= migrate.ToOnly; phase++ {
-		locks, err := migrate.NewClient(migrate.Config{From: from.NewClient(), To: to.NewClient(), Phase: phase})
+		locks, err := migrate.NewClient(migrate.Config{From: from.NewBackend(), To: to.NewBackend(), Phase: phase})
 		if err != nil {
 			fmt.Println(err)
 			return
@@ -56,7 +56,7 @@ func Example_url() {
 	defer l.Release(ctx)
 	from, to, _ := migrate.Stores(locks.Backend())
 	held := func(b any) bool {
-		h, _ := b.(*memory.Client).Inspect(ctx, "invoice:7")
+		h, _ := b.(*memory.Backend).Inspect(ctx, "invoice:7")
 		return h.Held
 	}
 	fmt.Println("held on from:", held(from), "on to:", held(to), "epoch:", l.Fence()>>lock.FenceEpochShift)

@@ -26,7 +26,7 @@ func newStores() stores { return stores{memory.NewStore(), memory.NewStore()} }
 // client returns a Client of phase p, closed at the end of the test.
 func (s stores) client(t *testing.T, p migrate.Phase, opts ...lock.Option) *lock.Client {
 	t.Helper()
-	c, err := migrate.NewClient(migrate.Config{From: s.from.NewClient(), To: s.to.NewClient(), Phase: p}, opts...)
+	c, err := migrate.NewClient(migrate.Config{From: s.from.NewBackend(), To: s.to.NewBackend(), Phase: p}, opts...)
 	if err != nil {
 		t.Fatalf("NewClient phase %d: %v", p, err)
 	}
@@ -150,7 +150,7 @@ func TestRefusalByToUndoesFrom(t *testing.T) {
 	if _, err := s.client(t, migrate.BothToFences).TryAcquire(ctx, "k"); !errors.Is(err, lock.ErrLocked) {
 		t.Fatalf("phase 3 beside a phase 4 holder: %v; want ErrLocked", err)
 	}
-	if h, _ := s.from.NewClient().Inspect(ctx, "k"); h.Held {
+	if h, _ := s.from.NewBackend().Inspect(ctx, "k"); h.Held {
 		t.Fatalf("From still holds the key for %s after To refused; want it undone", h.Token)
 	}
 }
@@ -158,7 +158,7 @@ func TestRefusalByToUndoesFrom(t *testing.T) {
 // counted counts a memory client's Acquires, and calls spun past limit
 // (a waiter that spins would keep virtual time from moving on).
 type counted struct {
-	*memory.Client
+	*memory.Backend
 	acquires *atomic.Int64
 	limit    int64
 	spun     func()
@@ -168,7 +168,7 @@ func (c counted) Acquire(ctx context.Context, key, token string, ttl time.Durati
 	if c.acquires.Add(1) > c.limit {
 		c.spun()
 	}
-	return c.Client.Acquire(ctx, key, token, ttl)
+	return c.Backend.Acquire(ctx, key, token, ttl)
 }
 
 // TestWaiterRefusedByToWaits: a phase 3 waiter that To refuses (a phase 4
@@ -182,8 +182,8 @@ func TestWaiterRefusedByToWaits(t *testing.T) {
 		var attempts atomic.Int64
 		wctx, spun := context.WithCancel(ctx)
 		defer spun()
-		from := counted{s.from.NewClient(), &attempts, 100, spun}
-		waiter, err := migrate.NewClient(migrate.Config{From: from, To: s.to.NewClient(), Phase: migrate.BothToFences})
+		from := counted{s.from.NewBackend(), &attempts, 100, spun}
+		waiter, err := migrate.NewClient(migrate.Config{From: from, To: s.to.NewBackend(), Phase: migrate.BothToFences})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -218,7 +218,7 @@ func TestWaiterRefusedByToWaits(t *testing.T) {
 // ErrNotHeld to a release of a token it released before, as a store may
 // once it no longer remembers the first release (backend.Backend.Release).
 type flaky struct {
-	*memory.Client
+	*memory.Backend
 	mu       sync.Mutex
 	fail     int
 	calls    int
@@ -229,7 +229,7 @@ type flaky struct {
 var errReplyLost = errors.New("reply lost")
 
 func (f *flaky) Release(ctx context.Context, key, token string) error {
-	err := f.Client.Release(ctx, key, token)
+	err := f.Backend.Release(ctx, key, token)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
@@ -255,8 +255,8 @@ func (f *flaky) Release(ctx context.Context, key, token string) error {
 func TestHalfReleaseIsNoLoss(t *testing.T) {
 	ctx := context.Background()
 	s := newStores()
-	to := &flaky{Client: s.to.NewClient(), fail: 1}
-	from := &flaky{Client: s.from.NewClient(), forget: true}
+	to := &flaky{Backend: s.to.NewBackend(), fail: 1}
+	from := &flaky{Backend: s.from.NewBackend(), forget: true}
 	b, _, err := migrate.Config{From: from, To: to, Phase: migrate.BothFromFences}.Backend()
 	if err != nil {
 		t.Fatal(err)
@@ -288,8 +288,8 @@ func TestUndoFailureIsUnknown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	from := &flaky{Client: s.from.NewClient(), fail: 1}
-	b, epoch, err := migrate.Config{From: from, To: s.to.NewClient(), Phase: migrate.BothToFences}.Backend()
+	from := &flaky{Backend: s.from.NewBackend(), fail: 1}
+	b, epoch, err := migrate.Config{From: from, To: s.to.NewBackend(), Phase: migrate.BothToFences}.Backend()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,7 +302,7 @@ func TestUndoFailureIsUnknown(t *testing.T) {
 		t.Fatalf("TryAcquire with a failed undo: %v; want the undo's error, not ErrLocked", err)
 	}
 	c.Close() // waits for the cleanup
-	if h, _ := s.from.NewClient().Inspect(ctx, "k"); h.Held {
+	if h, _ := s.from.NewBackend().Inspect(ctx, "k"); h.Held {
 		t.Fatalf("From still holds the key after the cleanup")
 	}
 	l.Release(ctx)
@@ -427,7 +427,7 @@ func TestCheck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	from, to := s.from.NewClient(), s.to.NewClient()
+	from, to := s.from.NewBackend(), s.to.NewBackend()
 	keys := []string{"old", "dual", "free"}
 	for next, want := range map[migrate.Phase][]bool{2: {true, true, true}, 3: {false, true, true}, 4: {false, true, true}} {
 		got, err := migrate.Check(ctx, from, to, next, keys, time.Millisecond)

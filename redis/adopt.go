@@ -170,7 +170,7 @@ func (r *Redlock) adopt(ctx context.Context, i int, inc string) error {
 // or its holder's fence record, counts for its slot's counter: the fences
 // that the adopting node must not fall behind are then all in the slot
 // counters.
-func (r *Redlock) readCounters(ctx context.Context, n Client, highest map[string]int64) error {
+func (r *Redlock) readCounters(ctx context.Context, n Conn, highest map[string]int64) error {
 	c, ok := n.(goredis.Cmdable)
 	if !ok {
 		return fmt.Errorf("redis: redlock: a node client without GET and SCAN cannot share fence counters")

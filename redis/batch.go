@@ -43,7 +43,7 @@ const maxOnWire = 4
 // holds for a script the NOSCRIPT fallback below sends again after the rest
 // of its pipeline.
 type batcher struct {
-	rdb  Client
+	rdb  Conn
 	pipe pipeliner // nil: no pipelining
 	// renewals says how queued renewals may share one script (see
 	// renewbatch.go): one script for all, one per Cluster hash slot, or
@@ -72,7 +72,7 @@ type call struct {
 	done   chan struct{}
 }
 
-func newBatcher(rdb Client, owned bool) *batcher {
+func newBatcher(rdb Conn, owned bool) *batcher {
 	b := &batcher{rdb: rdb, deadlines: honoursDeadlines(rdb), owned: owned}
 	if p, ok := rdb.(pipeliner); ok {
 		b.pipe = p
@@ -91,7 +91,7 @@ func newBatcher(rdb Client, owned bool) *batcher {
 // ContextTimeoutEnabled. Without it, go-redis waits for its own read and
 // write timeouts (3s by default, then perhaps retries) whatever the
 // context says. Clients it does not know count as not honouring them.
-func honoursDeadlines(rdb Client) bool {
+func honoursDeadlines(rdb Conn) bool {
 	switch c := rdb.(type) {
 	case withOptions[goredis.Options]:
 		return c.Options().ContextTimeoutEnabled

@@ -33,7 +33,7 @@ func BenchmarkCycle(b *testing.B) {
 		{"ContextTimeoutEnabled", func(addr string) *goredis.Client { return newGoRedis(b, addr) }},
 		{"plain", plain},
 	} {
-		var nodes []redis.Client
+		var nodes []redis.Conn
 		for _, s := range srvs {
 			nodes = append(nodes, c.client(s.Addr))
 		}

@@ -268,7 +268,7 @@ func (h *redlockHarness) addrs() []string {
 
 func (h *redlockHarness) NewBackend(context.Context) (backend.Backend, error) {
 	rdbs, proxies := h.clientsOf(h.addrs())
-	nodes := make([]redis.Client, len(rdbs))
+	nodes := make([]redis.Conn, len(rdbs))
 	for i, c := range rdbs {
 		nodes[i] = c
 	}

@@ -117,7 +117,7 @@ func TestCallsEndWithTheirContextWhateverTheClient(t *testing.T) {
 // attempt fails after about the node timeout, not go-redis's read timeout.
 func TestRedlockNodeTimeoutBoundsPlainClients(t *testing.T) {
 	srvs := startN(t, 3, redistest.NoPersistence)
-	var nodes []redis.Client
+	var nodes []redis.Conn
 	for _, s := range srvs {
 		nodes = append(nodes, plainClient(t, s.Addr))
 	}

@@ -49,7 +49,7 @@ return 1`
 // wrapping lock.ErrNotHeld, and writes nothing, when the lock is no longer
 // l's; an error wrapping lock.ErrLost or lock.ErrReleased, sending nothing,
 // when l has already ended; and ErrInvalid for bad input. A lease handed
-// over ahead of the store is confirmed first (lock.Lease.Confirmed).
+// over ahead of the store is confirmed first (lock.Lease.WaitConfirmed).
 //
 // In Redis Cluster the data key must be in the lock key's hash slot: put
 // the lock's hash tag (HashTag) in it.
@@ -69,7 +69,7 @@ func (b *Backend) SetIfHeld(ctx context.Context, l *lock.Lease, key, value strin
 	case expiration > 0 && expiration < time.Millisecond:
 		return fmt.Errorf("%w: redis: SetIfHeld: expiration %v is below Redis's 1ms unit", backend.ErrInvalid, expiration)
 	}
-	if err := l.Confirmed(ctx); err != nil {
+	if err := l.WaitConfirmed(ctx); err != nil {
 		return err
 	}
 	lk, _ := keys(b.opts.prefix, l.Key())

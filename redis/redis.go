@@ -252,13 +252,14 @@ import (
 	"github.com/distlock/lock/backend/waitq"
 )
 
-// Client is the narrowest go-redis interface the backend needs. Every go-redis
+// Conn is the narrowest go-redis interface the backend needs: its way to the
+// store (named apart from lock.Client, which manages locks). Every go-redis
 // v9 client kind satisfies it: *goredis.Client (standalone or Sentinel
 // failover), *goredis.ClusterClient, *goredis.Ring and
 // goredis.UniversalClient. A Ring shards keys across independent servers
 // without failover: each key lives on one server, so it behaves as a single
 // node per key.
-type Client interface {
+type Conn interface {
 	goredis.Scripter
 	Subscriber
 }
@@ -353,7 +354,7 @@ func withOwnClients() Option { return func(o *options) { o.ownClients = true } }
 // backend.Transferer, backend.Describer and backend.Inspector.
 type Backend struct {
 	id     string // names the backend's queue channels (see queue.go)
-	rdb    Client
+	rdb    Conn
 	batch  *batcher
 	opts   options
 	notify *notifier
@@ -378,7 +379,7 @@ var (
 
 // New returns a backend over rdb. The backend does not close rdb unless it
 // was opened from a URL.
-func New(rdb Client, opts ...Option) *Backend {
+func New(rdb Conn, opts ...Option) *Backend {
 	o := defaultOptions()
 	for _, f := range opts {
 		if f != nil {

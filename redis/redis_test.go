@@ -126,7 +126,7 @@ func TestHolderRemainingTTLBoundsTheWait(t *testing.T) {
 // context deadlines.
 func redlockOver(t *testing.T, srvs []*redistest.Server, opts ...redis.Option) (*redis.Redlock, []*goredis.Client) {
 	t.Helper()
-	var nodes []redis.Client
+	var nodes []redis.Conn
 	var rdbs []*goredis.Client
 	for _, s := range srvs {
 		c := newGoRedis(t, s.Addr)
@@ -155,7 +155,7 @@ func startN(t testing.TB, n int, mode string) []*redistest.Server {
 // initNodes marks new servers as Redlock nodes that vote at once.
 func initNodes(t testing.TB, srvs []*redistest.Server, opts ...redis.Option) {
 	t.Helper()
-	var nodes []redis.Client
+	var nodes []redis.Conn
 	for _, s := range srvs {
 		nodes = append(nodes, newGoRedis(t, s.Addr))
 	}

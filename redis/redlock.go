@@ -86,7 +86,7 @@ import (
 // locks by its own clock). The peers' Redlock implementations offer no fence
 // at all.
 type Redlock struct {
-	nodes    []Client
+	nodes    []Conn
 	batch    []*batcher // one per node
 	quorum   int
 	opts     options
@@ -125,7 +125,7 @@ var (
 // The node timeout bounds each node's request whatever the clients'
 // options; clients with ContextTimeoutEnabled do it without a goroutine
 // per request.
-func NewRedlock(nodes []Client, opts ...Option) (*Redlock, error) {
+func NewRedlock(nodes []Conn, opts ...Option) (*Redlock, error) {
 	if len(nodes) == 0 {
 		return nil, fmt.Errorf("%w: redis: Redlock needs at least one node; use 3 or 5 independent servers", backend.ErrInvalid)
 	}
@@ -167,7 +167,7 @@ func NewRedlock(nodes []Client, opts ...Option) (*Redlock, error) {
 // distinctClients returns an error wrapping ErrInvalid when two nodes are
 // go-redis clients of the same address (compared as given, without
 // resolving names: lock.Open resolves them), or the same client.
-func distinctClients(nodes []Client) error {
+func distinctClients(nodes []Conn) error {
 	seen := map[string]int{}
 	for i, n := range nodes {
 		c, ok := n.(*goredis.Client)

@@ -423,7 +423,7 @@ func proxiedRedlock(t *testing.T, srvs []*redistest.Server, opts ...lock.Option)
 // proxiedRedlockWith is proxiedRedlock with options for the Redlock.
 func proxiedRedlockWith(t *testing.T, srvs []*redistest.Server, ropts []redis.Option, opts ...lock.Option) (*lock.Client, []*faultproxy.Proxy) {
 	t.Helper()
-	var nodes []redis.Client
+	var nodes []redis.Conn
 	var proxies []*faultproxy.Proxy
 	for _, s := range srvs {
 		px := faultproxy.Start(t, s.Addr)

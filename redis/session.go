@@ -770,7 +770,7 @@ func newScriptSet(mode func(string) string) *scriptSet {
 
 // sessionsRefused says why the backend's options and client allow no
 // sessions, or returns nil.
-func sessionsRefused(rdb Client, o options) error {
+func sessionsRefused(rdb Conn, o options) error {
 	switch {
 	case !o.sessions:
 		return nil

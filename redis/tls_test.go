@@ -136,7 +136,7 @@ func TestTLSAuth(t *testing.T) {
 func TestTLSRedlock(t *testing.T) {
 	ca := testca.New(t)
 	srvs := redistest.StartTLSNodes(t, 3, redistest.TLS{CertFile: ca.CertFile, KeyFile: ca.KeyFile, CAFile: ca.CAFile})
-	var clients []redis.Client
+	var clients []redis.Conn
 	for _, s := range srvs {
 		clients = append(clients, redistest.ClientOf(t, s))
 	}

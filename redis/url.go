@@ -436,7 +436,7 @@ func openRedlock(ctx context.Context, u *url.URL) (backend.Backend, error) {
 	if err := distinctServers(ctx, addrs); err != nil {
 		return nil, err
 	}
-	nodes := make([]Client, 0, len(addrs))
+	nodes := make([]Conn, 0, len(addrs))
 	for _, a := range addrs {
 		o := base
 		o.Addr = a

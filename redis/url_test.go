@@ -129,14 +129,14 @@ func TestRedlockNeedsDistinctNodes(t *testing.T) {
 	// NewRedlock, over the caller's clients.
 	ca, cb := newGoRedis(t, a), newGoRedis(t, b)
 	for _, tc := range []struct {
-		nodes []redis.Client
+		nodes []redis.Conn
 		opts  []redis.Option
 		want  string
 	}{
-		{[]redis.Client{ca, cb}, nil, "survives the loss of none"},
-		{[]redis.Client{ca, ca, cb}, nil, "Redlock nodes 0 and 1 are the same server"},
-		{[]redis.Client{ca, newGoRedis(t, a), cb}, nil, "Redlock nodes 0 and 1 are the same server"},
-		{[]redis.Client{ca, ca}, []redis.Option{redis.WithAllowFewNodes(true)}, "are the same server"},
+		{[]redis.Conn{ca, cb}, nil, "survives the loss of none"},
+		{[]redis.Conn{ca, ca, cb}, nil, "Redlock nodes 0 and 1 are the same server"},
+		{[]redis.Conn{ca, newGoRedis(t, a), cb}, nil, "Redlock nodes 0 and 1 are the same server"},
+		{[]redis.Conn{ca, ca}, []redis.Option{redis.WithAllowFewNodes(true)}, "are the same server"},
 	} {
 		r, err := redis.NewRedlock(tc.nodes, tc.opts...)
 		if err == nil {
@@ -148,7 +148,7 @@ func TestRedlockNeedsDistinctNodes(t *testing.T) {
 			t.Errorf("NewRedlock: %v; want ErrInvalid saying %q", err, tc.want)
 		}
 	}
-	r, err := redis.NewRedlock([]redis.Client{ca, cb}, redis.WithAllowFewNodes(true))
+	r, err := redis.NewRedlock([]redis.Conn{ca, cb}, redis.WithAllowFewNodes(true))
 	if err != nil {
 		t.Fatalf("NewRedlock over 2 nodes, allowed: %v", err)
 	}

@@ -69,7 +69,7 @@ func New(nodes int, opts ...lredis.Option) simtest.NewModel {
 // initNodes marks a Redlock's new nodes ready, as a deployment does once
 // (Redlock.InitNewNodes), over connections outside the simulated network.
 func (m *model) initNodes() {
-	var direct []lredis.Client
+	var direct []lredis.Conn
 	for i, s := range m.srvs {
 		rdb := goredis.NewClient(&goredis.Options{
 			Addr:   fmt.Sprintf("127.0.0.1:%d", 6379+i),
@@ -94,7 +94,7 @@ var _ simtest.Model = (*model)(nil)
 // dialling through the simulated network, with the request timeout as
 // its read and write timeouts and go-redis's default retries.
 func (m *model) Client(i int, r *rand.Rand, timeout time.Duration) (backend.Backend, error) {
-	var nodes []lredis.Client
+	var nodes []lredis.Conn
 	for _, nd := range m.net.nodes {
 		dial := m.net.dialer(i, nd, rand.New(rand.NewPCG(r.Uint64(), r.Uint64())), timeout)
 		rdb := goredis.NewClient(&goredis.Options{

@@ -15,7 +15,7 @@ import (
 )
 
 // Backend is what a simulated connection offers package lock: the contract
-// and every optional interface that *memory.Client implements (it
+// and every optional interface that *memory.Backend implements (it
 // implements neither backend.Queuer nor backend.LossNotifier, so neither is
 // offered).
 type Backend interface {
@@ -64,7 +64,7 @@ var _ Model = (*network)(nil)
 
 // Client implements Model.
 func (n *network) Client(i int, r *rand.Rand, timeout time.Duration) (backend.Backend, error) {
-	c := &Conn{n: n, id: i, mc: n.store.NewClient(), timeout: timeout, seed: r.Uint64()}
+	c := &Conn{n: n, id: i, mc: n.store.NewBackend(), timeout: timeout, seed: r.Uint64()}
 	n.conns = append(n.conns, c)
 	var b Backend = c
 	if n.wrap != nil {
@@ -103,7 +103,7 @@ func (n *network) Settled() []string {
 // Leftovers implements Model.
 func (n *network) Leftovers(keys []string) []string {
 	var out []string
-	inspect := n.store.NewClient()
+	inspect := n.store.NewBackend()
 	defer inspect.Close()
 	for _, k := range keys {
 		hd, err := inspect.Inspect(context.Background(), k)
@@ -153,7 +153,7 @@ func (n *network) SetFaults(on bool) {
 type Conn struct {
 	n       *network
 	id      int
-	mc      *memory.Client
+	mc      *memory.Backend
 	timeout time.Duration // the simulated client library's request timeout
 
 	mu        sync.Mutex

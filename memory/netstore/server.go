@@ -15,7 +15,7 @@ import (
 // Server serves a memory.Store over TCP.
 type Server struct {
 	ln     net.Listener
-	store  *memory.Client // the server's one client of the store
+	store  *memory.Backend // the server's one client of the store
 	ctx    context.Context
 	cancel context.CancelFunc // unblocks calls waiting on a paused store
 
@@ -31,7 +31,7 @@ type Server struct {
 func Serve(ln net.Listener, s *memory.Store) *Server {
 	s.KeepDeadTokens(memory.DeadTokenTTL)
 	ctx, cancel := context.WithCancel(context.Background())
-	srv := &Server{ln: ln, store: s.NewClient(), ctx: ctx, cancel: cancel, conns: map[*serverConn]struct{}{}}
+	srv := &Server{ln: ln, store: s.NewBackend(), ctx: ctx, cancel: cancel, conns: map[*serverConn]struct{}{}}
 	srv.wg.Add(1)
 	go srv.accept()
 	return srv

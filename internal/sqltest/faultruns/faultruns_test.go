@@ -37,9 +37,9 @@ var (
 	_ conformance.SQLResourcer = harness{}
 )
 
-func (h harness) NewBackend(context.Context) (backend.Backend, error) { return h.s.NewClient(), nil }
+func (h harness) NewBackend(context.Context) (backend.Backend, error) { return h.s.NewBackend(), nil }
 
-func (h harness) Capabilities() backend.Capabilities { return h.s.NewClient().Capabilities() }
+func (h harness) Capabilities() backend.Capabilities { return h.s.NewBackend().Capabilities() }
 
 func (h harness) Pause(context.Context) error  { h.s.Pause(); return nil }
 func (h harness) Resume(context.Context) error { h.s.Resume(); return nil }
