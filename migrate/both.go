@@ -96,7 +96,8 @@ func capsOf(b backend.Backend) backend.Capabilities {
 // weaker returns what a lock held on both stores guarantees: the longer
 // MinTTL and coarser granularity, the shorter MaxTTL, the later latest
 // expiry (a lock is not free until both stores dropped it), durable
-// fences only when both stores have them, and no FIFO: both has no queue
+// fences only when both stores have them, a fixed TTL when either store
+// keeps one, and no FIFO: both has no queue
 // of its own (it waits through the stores' notifications, and a waiter
 // that finds To held undoes its From grant and waits again, which can let
 // a later arrival in first).
@@ -113,6 +114,7 @@ func weaker(a, b backend.Capabilities) backend.Capabilities {
 		ExpiryFactor: max(factor(a.ExpiryFactor), factor(b.ExpiryFactor)),
 		ExpirySlack:  max(a.ExpirySlack, b.ExpirySlack),
 		DurableFence: a.DurableFence && b.DurableFence,
+		FixedTTL:     a.FixedTTL || b.FixedTTL,
 		InProcess:    a.InProcess && b.InProcess,
 	}
 }
