@@ -96,7 +96,14 @@ func (s *suite) staleOwner(t *testing.T) {
 	})
 	s.subtest(t, "ReleaseAfterSuccessor", func(t *testing.T) {
 		su := prepare(t, true)
-		wantStoreSaidLost(t, "Release", su.rec.release(s.ctx(t), 0, su.stale))
+		err := su.rec.release(s.ctx(t), 0, su.stale)
+		// A backend's loss report (backend.LossNotifier) may end the
+		// lease before the release, which then returns nil while Err
+		// keeps the loss; otherwise the release reports the store's
+		// answer.
+		if err != nil || !errors.Is(su.stale.Err(), lock.ErrLost) {
+			wantStoreSaidLost(t, "Release", err)
+		}
 		successorUntouched(t, su)
 	})
 }
