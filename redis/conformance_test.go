@@ -186,7 +186,9 @@ func closeAll(rdbs []*goredis.Client, proxies []*faultproxy.Proxy) {
 }
 
 func (h *singleHarness) Capabilities() backend.Capabilities {
-	return redis.New(nil, redis.WithDurableFence(h.durable), redis.WithMaxTTL(harnessMaxTTL)).Capabilities()
+	c := redis.New(nil, redis.WithDurableFence(h.durable), redis.WithMaxTTL(harnessMaxTTL)).Capabilities()
+	c.FixedTTL = h.sessions // a session is for locks of one TTL
+	return c
 }
 
 // ContenderURL implements conformance.ProcessContenders: helper processes
