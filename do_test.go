@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/distlock/lock"
+	"github.com/distlock/lock/backend"
 	"github.com/distlock/lock/memory"
 )
 
@@ -15,11 +16,7 @@ import (
 // or a bad option is refused before anything is sent.
 func TestTryDo(t *testing.T) {
 	store := memory.NewStore()
-	c, err := lock.New(store.NewBackend())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := mustClient(t, store.NewBackend())
 	ctx := context.Background()
 	ran := false
 	if err := c.TryDo(ctx, "job", func(ctx context.Context, l *lock.Lease) error {
@@ -31,18 +28,11 @@ func TestTryDo(t *testing.T) {
 	if n := store.Len(); n != 0 {
 		t.Fatalf("%d locks held after TryDo; want 0", n)
 	}
-	other, err := lock.New(store.NewBackend())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
-	held, err := other.TryAcquire(ctx, "job")
-	if err != nil {
-		t.Fatal(err)
-	}
+	other := mustClient(t, store.NewBackend())
+	held := mustTry(t, other, "job")
 	defer held.Release(ctx)
 	ran = false
-	err = c.TryDo(ctx, "job", func(context.Context, *lock.Lease) error { ran = true; return nil })
+	err := c.TryDo(ctx, "job", func(context.Context, *lock.Lease) error { ran = true; return nil })
 	if !errors.Is(err, lock.ErrLocked) || ran {
 		t.Errorf("TryDo on a held key: %v, ran %v; want ErrLocked and fn not run", err, ran)
 	}
@@ -61,12 +51,8 @@ func TestTryDo(t *testing.T) {
 // and joins the loss to fn's error.
 func TestTryDoCancelsOnLossAndReportsIt(t *testing.T) {
 	mc := memory.New()
-	c, err := lock.New(mc, lock.WithTTL(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	err = c.TryDo(context.Background(), "job", func(ctx context.Context, l *lock.Lease) error {
+	c := mustClient(t, mc, lock.WithTTL(100*time.Millisecond))
+	err := c.TryDo(context.Background(), "job", func(ctx context.Context, l *lock.Lease) error {
 		mc.Disconnect() // renewals now vanish
 		defer mc.Reconnect()
 		<-ctx.Done()
@@ -84,27 +70,16 @@ func TestTryDoCancelsOnLossAndReportsIt(t *testing.T) {
 // and leaves the section that follows an acquire alone.
 func TestWithWaitBoundsOnlyTheWait(t *testing.T) {
 	store := memory.NewStore()
-	c, err := lock.New(store.NewBackend())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	other, err := lock.New(store.NewBackend())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
+	c := mustClient(t, store.NewBackend())
+	other := mustClient(t, store.NewBackend())
 	ctx := context.Background()
 	const wait = 20 * time.Millisecond
-	held, err := other.TryAcquire(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	held := mustTry(t, other, "k")
 	if _, err := c.Acquire(ctx, "k", lock.WithWait(wait)); !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, lock.ErrLocked) {
 		t.Fatalf("Acquire of a held key with WithWait: %v; want DeadlineExceeded and ErrLocked", err)
 	}
 	held.Release(ctx)
-	err = c.Do(ctx, "k", func(ctx context.Context, l *lock.Lease) error {
+	err := c.Do(ctx, "k", func(ctx context.Context, l *lock.Lease) error {
 		<-time.After(3 * wait) // waiting out the wait bound
 		return ctx.Err()
 	}, lock.WithWait(wait))
@@ -120,16 +95,9 @@ func TestWithWaitBoundsOnlyTheWait(t *testing.T) {
 // release that itself finds the lock gone returns ErrLost.
 func TestReleaseAfterLoss(t *testing.T) {
 	mc := memory.New()
-	c, err := lock.New(mc, lock.WithTTL(50*time.Millisecond), lock.WithAutoRenew(false))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := mustClient(t, mc, lock.WithTTL(50*time.Millisecond), lock.WithAutoRenew(false))
 	ctx := context.Background()
-	l, err := c.TryAcquire(ctx, "lost")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := mustTry(t, c, "lost")
 	<-l.Done() // waiting out the TTL
 	if err := l.Release(ctx); err != nil {
 		t.Errorf("Release of a lease lost at its deadline: %v; want nil", err)
@@ -139,19 +107,33 @@ func TestReleaseAfterLoss(t *testing.T) {
 	}
 
 	store := memory.NewStore()
-	c2, err := lock.New(store.NewBackend(), lock.WithTTL(10*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c2.Close()
-	l2, err := c2.TryAcquire(ctx, "gone")
-	if err != nil {
-		t.Fatal(err)
-	}
+	c2 := mustClient(t, store.NewBackend(), lock.WithTTL(10*time.Second))
+	l2 := mustTry(t, c2, "gone")
 	// The store loses its locks (a restart without persistence) behind
 	// the lease's back: nothing reported it.
 	store.Restart(memory.LoseData)
 	if err := l2.Release(ctx); !errors.Is(err, lock.ErrLost) {
 		t.Errorf("Release that finds the lock gone: %v; want ErrLost", err)
 	}
+}
+
+// mustClient returns lock.New(b, opts...), closed when the test ends.
+func mustClient(t *testing.T, b backend.Backend, opts ...lock.Option) *lock.Client {
+	t.Helper()
+	c, err := lock.New(b, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// mustTry returns c's lease of key, taken with TryAcquire.
+func mustTry(t *testing.T, c *lock.Client, key string) *lock.Lease {
+	t.Helper()
+	l, err := c.TryAcquire(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }

@@ -19,21 +19,10 @@ import (
 // (A sleep here waits out a TTL; nothing else.)
 func TestExtend(t *testing.T) {
 	store := memory.NewStore()
-	c, err := lock.New(store.NewBackend(), lock.WithTTL(100*time.Millisecond), lock.WithAutoRenew(false))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	other, err := lock.New(store.NewBackend())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
+	c := mustClient(t, store.NewBackend(), lock.WithTTL(100*time.Millisecond), lock.WithAutoRenew(false))
+	other := mustClient(t, store.NewBackend())
 	ctx := context.Background()
-	l, err := c.TryAcquire(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := mustTry(t, c, "k")
 	sent := time.Now()
 	if err := l.Extend(ctx, 2*time.Second); err != nil {
 		t.Fatalf("Extend to 2s: %v", err)
@@ -70,16 +59,9 @@ func TestExtend(t *testing.T) {
 // Bad TTLs are refused before anything is sent, and the lease is as it was.
 func TestExtendBadInput(t *testing.T) {
 	p := &probe{Backend: memory.New()}
-	c, err := lock.New(p, lock.WithTTL(time.Second), lock.WithAutoRenew(false))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := mustClient(t, p, lock.WithTTL(time.Second), lock.WithAutoRenew(false))
 	ctx := context.Background()
-	l, err := c.TryAcquire(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := mustTry(t, c, "k")
 	dl := l.Deadline()
 	for _, ttl := range []time.Duration{0, -time.Second, time.Millisecond, lock.MaxTTL + 1, 2 * lock.DefaultMaxTTL} {
 		if err := l.Extend(ctx, ttl); !errors.Is(err, lock.ErrInvalidTTL) {
@@ -104,16 +86,9 @@ func TestExtendBadInput(t *testing.T) {
 func TestExtendAfterAnUnknownOutcomeKeepsTheBound(t *testing.T) {
 	mc := memory.New()
 	const ttl = 300 * time.Millisecond
-	c, err := lock.New(mc, lock.WithTTL(ttl), lock.WithAutoRenew(false))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := mustClient(t, mc, lock.WithTTL(ttl), lock.WithAutoRenew(false))
 	ctx := context.Background()
-	l, err := c.TryAcquire(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := mustTry(t, c, "k")
 	mc.HoldReplies()
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
 	if err := l.Renew(rctx); err == nil || errors.Is(err, lock.ErrLost) {
@@ -147,16 +122,9 @@ func (f fixed) Capabilities() backend.Capabilities {
 // a renewal.
 func TestExtendFixedTTL(t *testing.T) {
 	p := &probe{Backend: memory.New()}
-	c, err := lock.New(fixed{p}, lock.WithTTL(time.Second), lock.WithAutoRenew(false))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := mustClient(t, fixed{p}, lock.WithTTL(time.Second), lock.WithAutoRenew(false))
 	ctx := context.Background()
-	l, err := c.TryAcquire(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := mustTry(t, c, "k")
 	if err := l.Extend(ctx, 2*time.Second); !errors.Is(err, lock.ErrInvalidTTL) {
 		t.Errorf("Extend to another TTL on a FixedTTL backend: %v; want ErrInvalidTTL", err)
 	}
@@ -173,16 +141,9 @@ func TestExtendFixedTTL(t *testing.T) {
 // past it.
 func TestExtendThenAutoRenew(t *testing.T) {
 	store := memory.NewStore()
-	c, err := lock.New(store.NewBackend(), lock.WithTTL(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := mustClient(t, store.NewBackend(), lock.WithTTL(100*time.Millisecond))
 	ctx := context.Background()
-	l, err := c.TryAcquire(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := mustTry(t, c, "k")
 	defer l.Release(ctx)
 	if err := l.Extend(ctx, 300*time.Millisecond); err != nil {
 		t.Fatal(err)

@@ -71,17 +71,10 @@ func kinds(es []lock.Event) string {
 func TestObserverEvents(t *testing.T) {
 	rec := newEvents()
 	mc := memory.New()
-	c, err := lock.New(mc, lock.WithObserver(rec), lock.WithTTL(100*time.Millisecond), lock.WithAutoRenew(false))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := mustClient(t, mc, lock.WithObserver(rec), lock.WithTTL(100*time.Millisecond), lock.WithAutoRenew(false))
 	ctx := context.Background()
 
-	l, err := c.TryAcquire(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := mustTry(t, c, "k")
 	es := rec.take()
 	if kinds(es) != "acquire" || es[0].Err != nil || es[0].Key != "k" || es[0].Fence != l.Fence() || es[0].Wait || es[0].Start.IsZero() {
 		t.Fatalf("events of a TryAcquire: %s %+v; want acquire with the key, the fence and its start", kinds(es), es)
@@ -173,16 +166,9 @@ func TestLogger(t *testing.T) {
 	var mu sync.Mutex
 	written := make(chan struct{}, 100)
 	logger := slog.New(slog.NewTextHandler(&lockedWriter{w: &buf, mu: &mu, written: written}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	c, err := lock.New(memory.New(), lock.WithLogger(logger), lock.WithTTL(50*time.Millisecond), lock.WithAutoRenew(false))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := mustClient(t, memory.New(), lock.WithLogger(logger), lock.WithTTL(50*time.Millisecond), lock.WithAutoRenew(false))
 	ctx := context.Background()
-	l, err := c.TryAcquire(ctx, "quiet")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := mustTry(t, c, "quiet")
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -192,10 +178,7 @@ func TestLogger(t *testing.T) {
 	if quiet != "" {
 		t.Fatalf("log of an ordinary acquire and release: %q; want nothing", quiet)
 	}
-	l, err = c.TryAcquire(ctx, "job:7")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l = mustTry(t, c, "job:7")
 	<-l.Done() // waiting out the TTL
 	<-written  // the loss's record
 	l.Release(ctx)

@@ -39,13 +39,11 @@ func (g *lockGate) arm(entry, token string) {
 }
 
 func (g *lockGate) RoundTrip(r *http.Request) (*http.Response, error) {
-	if r.Method == http.MethodPut && r.URL.Path == "/v1/txn" && r.Body != nil {
-		body, err := io.ReadAll(r.Body)
-		r.Body.Close()
-		if err != nil {
-			return nil, err
-		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
+	body, ok, err := txnBody(r)
+	if err != nil {
+		return nil, err
+	}
+	if ok {
 		g.mu.Lock()
 		hold := g.match != nil && bytes.Contains(body, g.match)
 		if hold {
@@ -150,4 +148,19 @@ func TestAttemptHandedItsOwnToken(t *testing.T) {
 	if h, err := other.Inspect(ctx, key); err != nil || h.Held {
 		t.Fatalf("after the release: %+v, %v; want the key free", h, err)
 	}
+}
+
+// txnBody returns the body of a transaction request (ok), read and put
+// back for the request to be sent.
+func txnBody(r *http.Request) (body []byte, ok bool, err error) {
+	if r.Method != http.MethodPut || r.URL.Path != "/v1/txn" || r.Body == nil {
+		return nil, false, nil
+	}
+	body, err = io.ReadAll(r.Body)
+	r.Body.Close()
+	if err != nil {
+		return nil, false, err
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	return body, true, nil
 }

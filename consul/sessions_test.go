@@ -175,15 +175,13 @@ func (g *txnGate) arm(match string, late bool) {
 }
 
 func (g *txnGate) RoundTrip(r *http.Request) (*http.Response, error) {
-	if r.Method != http.MethodPut || r.URL.Path != "/v1/txn" || r.Body == nil {
-		return http.DefaultTransport.RoundTrip(r)
-	}
-	body, err := io.ReadAll(r.Body)
-	r.Body.Close()
+	body, ok, err := txnBody(r)
 	if err != nil {
 		return nil, err
 	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
+	if !ok {
+		return http.DefaultTransport.RoundTrip(r)
+	}
 	g.mu.Lock()
 	play := g.match != nil && bytes.Contains(body, g.match)
 	late := g.late
