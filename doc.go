@@ -2,9 +2,12 @@
 // stores: Redis, etcd, Consul and an in-process memory store.
 //
 // A Client wraps one backend. TryAcquire makes one attempt and fails fast with
-// ErrLocked; Acquire waits until the lock is held or its context ends; Do runs
-// a function under the lock with a context that ends the moment the lock is
-// lost. A Lease is one held lock.
+// ErrLocked; Acquire waits until the lock is held or its context ends (or
+// WithWait's bound); Do and TryDo run a function under the lock with a
+// context that ends the moment the lock is lost. A Lease is one held lock:
+// Renew and Extend (with a new TTL) renew it, Release frees it, Done and Err
+// report its loss. WithObserver and WithLogger report what a Client does,
+// for metrics, traces and logs (module lockotel for OpenTelemetry).
 //
 //	locks, err := lock.New(memory.New())
 //	...
