@@ -27,3 +27,16 @@ func (b *Backend) OwnedFence(token string) uint64 {
 	}
 	return 0
 }
+
+// PendingReleases returns how many releases of unknown outcome the shared
+// session that token names still has to send again.
+func (b *Backend) PendingReleases(token string) int {
+	if b.shared == nil {
+		return 0
+	}
+	s, ok := b.shared.Lookup(token)
+	if !ok {
+		return 0
+	}
+	return len(s.pending.List())
+}

@@ -408,3 +408,36 @@ func TestSessionLeasesOfALockClient(t *testing.T) {
 		t.Errorf("a lease without automatic renewal is held by the shared session")
 	}
 }
+
+// A release whose reply is lost after the store acted is sent again after
+// the next renewal of its session, when the same session may already hold
+// the key again for another lease: the copy, checked by the first lock's
+// index, must leave that lock alone.
+func TestSessionReleaseSentAgainLeavesTheNextLockAlone(t *testing.T) {
+	b, g, cli, toks := gatedSessions(t)
+	ctx := context.Background()
+	next := sessionTokens(t, b, sessionsTTL, 1)[0]
+	for i, tok := range toks {
+		if _, err := b.Acquire(ctx, fmt.Sprint("k", i), tok, sessionsTTL); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g.arm(`"Verb":"delete","Key":"`+b.Entry("k1")+`"`, false) // the store acts, the reply is lost
+	if err := b.Release(ctx, "k1", toks[1]); err == nil || errors.Is(err, backend.ErrNotHeld) {
+		t.Fatalf("Release with its reply lost: %v; want an error of unknown outcome", err)
+	}
+	if _, err := b.Acquire(ctx, "k1", next, sessionsTTL); err != nil {
+		t.Fatalf("Acquire of k1 by the next lease of the session: %v", err)
+	}
+	if n := b.PendingReleases(toks[1]); n != 1 {
+		t.Fatalf("pending releases after the lost reply: %d; want 1", n)
+	}
+	if _, err := b.Renew(ctx, "k0", toks[0], sessionsTTL); err != nil { // sends the pending release again
+		t.Fatalf("Renew k0: %v", err)
+	}
+	waitFor(t, "the release sent again to settle", func() bool { return b.PendingReleases(toks[1]) == 0 })
+	kv, _, err := cli.KV().Get(b.Entry("k1"), nil)
+	if err != nil || kv == nil || string(kv.Value) != next {
+		t.Fatalf("k1 after the release was sent again: %+v, %v; want held by the next lease", kv, err)
+	}
+}
