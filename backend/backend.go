@@ -393,6 +393,9 @@ type Capabilities struct {
 	// acquired one. Package lock's Lease.Extend then refuses a new TTL
 	// before sending anything.
 	FixedTTL bool
+	// Labels is true when the store keeps the holder label of every lock
+	// it grants (see Label) and Inspect reports it in Holder.Label.
+	Labels bool
 	// InProcess is true when the store lives in this process, so a request
 	// costs no round trip. Package lock then skips its per-client queue of
 	// goroutines waiting for the same key, which exists to save requests.
@@ -426,4 +429,7 @@ type Holder struct {
 	Fence uint64
 	// Remaining TTL as the store sees it, or 0 when unknown.
 	Remaining time.Duration
+	// Label is the holder label stored with the holder's token (see
+	// Label), or "" when the store keeps none for it.
+	Label string
 }
