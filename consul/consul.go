@@ -10,19 +10,19 @@
 //
 // # How it works
 //
-// A lock is the KV entry PREFIX+KEY (default prefix "lock/"; KEY is the
-// key path-escaped, with "." and ".." written "%2E" and "%2E%2E", so that
+// A lock is the KV entry PREFIX+KEY (default prefix "lock/"; KEY is the key
+// path-escaped, with "." and ".." written "%2E" and "%2E%2E", so that
 // distinct keys have distinct entries, each one path segment that Consul's
 // HTTP API reaches as it is), locked by a session whose TTL is a quarter
 // longer than the lock's TTL (see reserveOf) and whose behavior is
-// "delete". Acquire takes a session that holds no lock (renewing it
-// unless it was renewed lately enough to carry the lock as it is), or
-// creates one, and sends one transaction that locks the entry with the
-// owner token as its value and reads it back: the fence is the entry's
-// ModifyIndex, the Raft index of the write that made this owner the
-// holder. Renew renews the session and checks, in the same round trip,
-// that the entry is still locked by it. Release deletes the entry in a
-// transaction that checks the session first, or hands the lock to the
+// "delete". Acquire takes a session that holds no lock (renewing it unless
+// it was renewed lately enough to carry the lock as it is), or creates one,
+// and sends one transaction that locks the entry with the owner token (and
+// its holder label, see label.go) as its value and reads it back: the fence
+// is the entry's ModifyIndex, the Raft index of the write that made this
+// owner the holder. Renew renews the session and checks, in the same round
+// trip, that the entry is still locked by it. Release deletes the entry in
+// a transaction that checks the session first, or hands the lock to the
 // first waiter. A holder watches its own entry: when the entry is deleted
 // or its session destroyed from outside, the lease is lost at once, not at
 // its next renewal.
@@ -417,6 +417,8 @@ func (b *Backend) Capabilities() backend.Capabilities {
 		DurableFence: true,
 		// A lock's session keeps the TTL it was created with.
 		FixedTTL: true,
+		// The entry's value carries the label (label.go).
+		Labels: true,
 	}
 }
 
@@ -486,6 +488,10 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	if err := b.check(ttl); err != nil {
 		return backend.Grant{}, err
 	}
+	label, err := requestLabel(ctx, token)
+	if err != nil {
+		return backend.Grant{}, err
+	}
 	b.mu.Lock()
 	if _, ok := b.deadToken(token); ok {
 		b.mu.Unlock()
@@ -503,21 +509,22 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	b.mu.Unlock()
 	if b.shared != nil {
 		if s, ok := b.shared.Lookup(token); ok {
-			return b.acquireShared(ctx, key, token, ttl, s)
+			return b.acquireShared(ctx, key, token, label, ttl, s)
 		}
 	}
 
 	for {
-		g, retry, err := b.attempt(ctx, key, token, ttl)
+		g, retry, err := b.attempt(ctx, key, token, label, ttl)
 		if !retry {
 			return g, err
 		}
 	}
 }
 
-// attempt is one try of Acquire; retry is true when it found a reused
-// session expired, and changed nothing.
-func (b *Backend) attempt(ctx context.Context, key, token string, ttl time.Duration) (g backend.Grant, retry bool, err error) {
+// attempt is one try of Acquire, which locks the entry with token and
+// label (see label.go); retry is true when it found a reused session
+// expired, and changed nothing.
+func (b *Backend) attempt(ctx context.Context, key, token, label string, ttl time.Duration) (g backend.Grant, retry bool, err error) {
 	name := b.entry(key)
 	sess, renewed, reused, err := b.session(ctx, key, ttl)
 	if err != nil {
@@ -528,7 +535,7 @@ func (b *Backend) attempt(ctx context.Context, key, token string, ttl time.Durat
 	b.mu.Unlock()
 
 	ops := api.TxnOps{
-		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: name, Value: []byte(token), Session: sess}},
+		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: name, Value: entryValue(token, label), Session: sess}},
 		{KV: &api.KVTxnOp{Verb: api.KVGet, Key: name}},
 	}
 	var renewErr error
@@ -810,7 +817,7 @@ func (b *Backend) releaseOther(ctx context.Context, key, token string) error {
 	if err != nil {
 		return fmt.Errorf("consul: release %q: %w", key, err)
 	}
-	if kv == nil || kv.Session == "" || string(kv.Value) != token {
+	if kv == nil || kv.Session == "" || tokenOf(kv.Value) != token {
 		return fmt.Errorf("%w: consul: %q is not held by this token", backend.ErrNotHeld, key)
 	}
 	ok, resp, _, err := b.cli.Txn().Txn(api.TxnOps{
@@ -888,7 +895,8 @@ func (b *Backend) Inspect(ctx context.Context, key string) (backend.Holder, erro
 	if kv == nil || kv.Session == "" {
 		return backend.Holder{}, nil
 	}
-	return backend.Holder{Held: true, Token: string(kv.Value), Fence: kv.ModifyIndex}, nil
+	token, label := parseValue(kv.Value)
+	return backend.Holder{Held: true, Token: token, Fence: kv.ModifyIndex, Label: label}, nil
 }
 
 // Close implements backend.Backend: it waits for the leaves of waiters

@@ -27,7 +27,8 @@ type waiter struct {
 	Key     string `json:"k"` // the record
 	Session string `json:"s"`
 	Token   string `json:"t"`
-	Index   uint64 `json:"i"` // the record's ModifyIndex when read
+	Label   string `json:"l,omitempty"` // its holder label (label.go)
+	Index   uint64 `json:"i"`           // the record's ModifyIndex when read
 }
 
 // handedValue is the value of a record handed the lock, after recHanded.
@@ -37,12 +38,12 @@ type handedValue struct {
 }
 
 // handoverOps are the operations that give the free or just unlocked entry
-// name to ws[0], telling it of the rest.
+// name to ws[0], with its label, telling it of the rest.
 func handoverOps(name string, ws []waiter) api.TxnOps {
 	n := ws[0]
 	v, _ := json.Marshal(handedValue{Token: n.Token, Next: ws[1:min(len(ws), maxView+1)]})
 	return api.TxnOps{
-		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: name, Value: []byte(n.Token), Session: n.Session}},
+		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: name, Value: entryValue(n.Token, n.Label), Session: n.Session}},
 		{KV: &api.KVTxnOp{Verb: api.KVCheckIndex, Key: n.Key, Index: n.Index}},
 		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: n.Key, Value: append([]byte(recHanded), v...), Session: n.Session}},
 	}
@@ -62,7 +63,8 @@ func waiters(name string, resp *api.TxnResponse) []waiter {
 		if kv == nil || kv.Session == "" || !strings.HasPrefix(kv.Key, name+queueSep) || !strings.HasPrefix(string(kv.Value), recQueued) {
 			continue
 		}
-		out = append(out, waiter{Key: kv.Key, Session: kv.Session, Token: string(kv.Value[len(recQueued):]), Index: kv.ModifyIndex})
+		token, label := parseValue(kv.Value[len(recQueued):])
+		out = append(out, waiter{Key: kv.Key, Session: kv.Session, Token: token, Label: label, Index: kv.ModifyIndex})
 		created = append(created, kv.CreateIndex)
 	}
 	idx := make([]int, len(out))

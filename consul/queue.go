@@ -24,8 +24,8 @@ import (
 // waiter's session, the session its lock will be on: the session is the
 // record's carrier (Refresh renews it; a session that expires or is
 // destroyed deletes the record, behavior delete). Its value is "q:" and
-// the token of the waiter's latest refused acquire; its CreateIndex orders
-// the queue.
+// the token of the waiter's latest refused acquire, with that acquire's
+// holder label (label.go); its CreateIndex orders the queue.
 //
 // What the primitives guarantee:
 //
@@ -36,17 +36,18 @@ import (
 //     tried at once. The lock transaction deletes the waiter's record.
 //   - The handover's guard. A release hands the lock to the head of the
 //     queue in one transaction: it unlocks the entry (which fails unless
-//     the releasing session holds it), locks it for the head's session
-//     with the head's token, checks that the head's record is unchanged
-//     since it was read (check-index), and locks the record again with the
-//     value "h:" and, for the new holder, the waiters queued after it (so
-//     that its own release can hand over in one transaction too). A record
-//     whose session is gone refuses it twice: the check-index and the lock
-//     with the session. The head's blocking query on its record returns
-//     with that value, and reports the handover. A releaser that knows no
-//     waiter deletes the entry and reads the queue in the same
-//     transaction, then hands the free lock to the head in a second one;
-//     stale views of the waiters are refused by the check-index.
+//     the releasing session holds it), locks it for the head's session with
+//     the head's token and label, checks that the head's record is
+//     unchanged since it was read (check-index), and locks the record again
+//     with the value "h:" and, for the new holder, the waiters queued after
+//     it (so that its own release can hand over in one transaction too),
+//     with their labels. A record whose session is gone refuses it twice:
+//     the check-index and the lock with the session. The head's blocking
+//     query on its record returns with that value, and reports the
+//     handover. A releaser that knows no waiter deletes the entry and reads
+//     the queue in the same transaction, then hands the free lock to the
+//     head in a second one; stale views of the waiters are refused by the
+//     check-index.
 //   - Fences. Consul gives every entry a transaction writes the same
 //     ModifyIndex, the transaction's Raft index: the record's ModifyIndex,
 //     which the head reads, is the lock entry's, above every index before.
@@ -221,6 +222,7 @@ func (b *Backend) leave(ctx context.Context, name, rec, sess string, recIndex ui
 // attempt is what one Attempt learned so far.
 type attempt struct {
 	waitq.Attempt
+	label string // the holder label of the attempt's request (label.go)
 	sess  string
 	fresh bool // the session was created after the attempt's send time
 	res   waitq.Result
@@ -246,12 +248,16 @@ func (p *place) Attempt(ctx context.Context, wa waitq.Attempt) (waitq.Result, er
 	if err := b.check(wa.TTL); err != nil {
 		return waitq.Result{}, err
 	}
+	label, err := requestLabel(ctx, wa.Token)
+	if err != nil {
+		return waitq.Result{}, err
+	}
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
 		return waitq.Result{}, backend.ErrClosed
 	}
-	a := &attempt{Attempt: wa, sess: p.sess}
+	a := &attempt{Attempt: wa, label: label, sess: p.sess}
 	p.handed = "" // the caller did not take it: this attempt takes it over
 	p.mu.Unlock()
 	a.res.Queued = a.Queued
@@ -324,14 +330,14 @@ func (p *place) Attempt(ctx context.Context, wa waitq.Attempt) (waitq.Result, er
 	}
 }
 
-// lock tries to lock the entry with the attempt's session: a grant, or
-// the reason of a refusal ("" when none), or waitq.ErrGone when the
-// session is gone. Unless the session was created after the attempt's
-// send time (fresh), or renewed lately enough to carry the lock as it is
-// (asIs), it is renewed in the same round trip, so that the store keeps a
-// lock it grants at least the TTL from that send time. The transaction
-// deletes the place's record, should it have one: the lock is the
-// record's end.
+// lock tries to lock the entry with the attempt's session, token and
+// label: a grant, or the reason of a refusal ("" when none), or
+// waitq.ErrGone when the session is gone. Unless the session was created
+// after the attempt's send time (fresh), or renewed lately enough to carry
+// the lock as it is (asIs), it is renewed in the same round trip, so that
+// the store keeps a lock it grants at least the TTL from that send time.
+// The transaction deletes the place's record, should it have one: the
+// lock is the record's end.
 func (p *place) lock(ctx context.Context, a *attempt) (g backend.Grant, refusal string, err error) {
 	b := p.b
 	ttl, token, sess := a.TTL, a.Token, a.sess
@@ -342,7 +348,7 @@ func (p *place) lock(ctx context.Context, a *attempt) (g backend.Grant, refusal 
 	b.owned[token] = &owned{key: p.name, session: sess, ttl: ttl}
 	b.mu.Unlock()
 	ops := api.TxnOps{
-		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: p.name, Value: []byte(token), Session: sess}},
+		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: p.name, Value: entryValue(token, a.label), Session: sess}},
 		{KV: &api.KVTxnOp{Verb: api.KVGet, Key: p.name}},
 	}
 	if hasRec {
@@ -411,11 +417,11 @@ func (p *place) lock(ctx context.Context, a *attempt) (g backend.Grant, refusal 
 	return backend.Grant{}, why, nil
 }
 
-// enqueue puts (or keeps) the place in the queue with the attempt's token,
-// and reports whether the lock entry was free then; waitq.ErrGone when
-// the session is gone. The session is renewed beside it when its latest
-// renewal is older than a third of the TTL, so that a handover leaves the
-// waiter most of the TTL.
+// enqueue puts (or keeps) the place in the queue with the attempt's token
+// and label, and reports whether the lock entry was free then;
+// waitq.ErrGone when the session is gone. The session is renewed beside it
+// when its latest renewal is older than a third of the TTL, so that a
+// handover leaves the waiter most of the TTL.
 func (p *place) enqueue(ctx context.Context, a *attempt) (free bool, err error) {
 	b := p.b
 	ttl, token, sess := a.TTL, a.Token, a.sess
@@ -423,7 +429,7 @@ func (p *place) enqueue(ctx context.Context, a *attempt) (free bool, err error) 
 	rec := p.rec
 	p.mu.Unlock()
 	ops := api.TxnOps{
-		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: rec, Value: []byte(recQueued + token), Session: sess}},
+		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: rec, Value: append([]byte(recQueued), entryValue(token, a.label)...), Session: sess}},
 		{KV: &api.KVTxnOp{Verb: api.KVGetTree, Key: p.name}},
 	}
 	var rsent time.Time

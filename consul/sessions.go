@@ -234,10 +234,10 @@ var errSharedEnded = fmt.Errorf("consul: the lease's shared session ended (it ex
 // tombstone is the name of token's tombstone (see Shared sessions).
 func (b *Backend) tombstone(token string) string { return b.o.prefix + deadSep + token }
 
-// acquireShared acquires key for token on the shared session s: renewed
-// beside the transaction, unless its latest confirmed renewal leaves it
-// more than the TTL (asIs).
-func (b *Backend) acquireShared(ctx context.Context, key, token string, ttl time.Duration, s *shared) (backend.Grant, error) {
+// acquireShared acquires key for token, with label, on the shared session
+// s: renewed beside the transaction, unless its latest confirmed renewal
+// leaves it more than the TTL (asIs).
+func (b *Backend) acquireShared(ctx context.Context, key, token, label string, ttl time.Duration, s *shared) (backend.Grant, error) {
 	if s.ttl != ttl {
 		return backend.Grant{}, fmt.Errorf("%w: consul: a token of a session for %v used for a lock of %v; a token is for one acquisition with its TTL", backend.ErrInvalid, s.ttl, ttl)
 	}
@@ -256,7 +256,7 @@ func (b *Backend) acquireShared(ctx context.Context, key, token string, ttl time
 		ops := api.TxnOps{
 			{KV: &api.KVTxnOp{Verb: api.KVCheckNotExists, Key: b.tombstone(token)}},
 			{KV: guard},
-			{KV: &api.KVTxnOp{Verb: api.KVLock, Key: name, Value: []byte(token), Session: id}},
+			{KV: &api.KVTxnOp{Verb: api.KVLock, Key: name, Value: entryValue(token, label), Session: id}},
 			{KV: &api.KVTxnOp{Verb: api.KVGet, Key: name}},
 		}
 		var renewErr error
@@ -278,7 +278,7 @@ func (b *Backend) acquireShared(ctx context.Context, key, token string, ttl time
 		var got *api.KVPair // the entry, as the transaction left it
 		if ok {
 			for _, r := range resp.Results {
-				if r != nil && r.KV != nil && r.KV.Key == name && string(r.KV.Value) == token {
+				if r != nil && r.KV != nil && r.KV.Key == name && tokenOf(r.KV.Value) == token {
 					got = r.KV
 				}
 			}
@@ -423,7 +423,7 @@ func (b *Backend) buryAndRelease(ctx context.Context, key, token string, o *owne
 	if err != nil {
 		return false, fmt.Errorf("consul: release %q: %w", key, err)
 	}
-	if kv == nil || kv.Session != o.session || string(kv.Value) != token {
+	if kv == nil || kv.Session != o.session || tokenOf(kv.Value) != token {
 		b.kill(token, false)
 		return true, fmt.Errorf("%w: consul: %q is not held by this token", backend.ErrNotHeld, key)
 	}

@@ -148,7 +148,7 @@ func (b *Backend) NotifyLoss(key, token string, fence uint64, lost func(error)) 
 			case kv.Session != sess:
 				lost(fmt.Errorf("consul: the lock's entry is no longer held by its session %s", sess))
 				return
-			case string(kv.Value) != token:
+			case tokenOf(kv.Value) != token:
 				// Held by the same session for another lease: a
 				// shared session's (sessions.go).
 				lost(errors.New("consul: the lock's entry is held by another lease of its session"))
