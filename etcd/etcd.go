@@ -175,8 +175,10 @@
 // owner token of the lock on KEY, attached to its lease (the byte 0xff,
 // never part of valid UTF-8, ends it, so that no other lock key starts
 // with it); k/KEY\xffq/ID are the waiters' queue records, attached to
-// their leases; t/TOKEN/KEY are tombstones. All go by themselves, with
-// their leases; nothing in the store needs cleaning.
+// their leases; k/KEY\xffh/TOKEN are holder labels, attached to their
+// token's lease and deleted by its release (see label.go); t/TOKEN/KEY
+// are tombstones. All go by themselves, with their leases; nothing in the
+// store needs cleaning.
 //
 // # URLs
 //
@@ -487,6 +489,9 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	if err := b.checkTTL(ttl); err != nil {
 		return backend.Grant{}, err
 	}
+	if _, err := requestLabel(ctx); err != nil {
+		return backend.Grant{}, err
+	}
 	if p := b.queues.watchedPlace(b.lockKeyOf(key)); p != nil {
 		return p.q.Acquire(ctx, token, ttl) // a waiter of Watch
 	}
@@ -554,8 +559,9 @@ func (b *Backend) acquireOnIdle(ctx context.Context, key, token string, secs int
 // sessions.go), or one for this lock alone when s is nil.
 func (b *Backend) acquireOn(ctx context.Context, key, token string, secs int64, id clientv3.LeaseID, sent, refreshed time.Time, granted time.Duration, ka <-chan kaAnswer, s *session) (backend.Grant, error) {
 	lk, tk := b.lockKeyOf(key), b.tombKeyOf(key, token)
+	label := backend.Label(ctx) // checked by Acquire
 	attach := func(refreshed time.Time, unknown, tainted bool) {
-		b.leases.attachTo(lk, token, &heldLease{id: id, secs: secs, refreshed: refreshed, unknown: unknown, tainted: tainted, session: s})
+		b.leases.attachTo(lk, token, &heldLease{id: id, secs: secs, refreshed: refreshed, unknown: unknown, tainted: tainted, session: s, labelled: label != ""})
 	}
 	// Besides the key and the token, the queue of waiters: an acquire
 	// that does not wait (see queue.go for those that do) takes the key
@@ -565,7 +571,8 @@ func (b *Backend) acquireOn(ctx context.Context, key, token string, secs int64, 
 		clientv3.Compare(clientv3.CreateRevision(tk), "=", 0),
 		clientv3.Compare(clientv3.CreateRevision(b.queuePrefix(key)), "=", 0).WithPrefix(),
 	).Then(
-		clientv3.OpPut(lk, token, clientv3.WithLease(id)),
+		// The holder's label, if any, on the lock's lease (see label.go).
+		putLabel([]clientv3.Op{clientv3.OpPut(lk, token, clientv3.WithLease(id))}, lk, token, label, id)...,
 	).Else(
 		clientv3.OpGet(tk, clientv3.WithCountOnly()),
 	).Commit()
@@ -644,6 +651,9 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 		return err
 	}
 	lk, tk := b.lockKeyOf(key), b.tombKeyOf(key, token)
+	// Every branch deletes the token's label (see label.go): leases
+	// outlive their locks, in the pool or in a session.
+	unlabel := clientv3.OpDelete(labelKey(lk, token))
 	var resp *clientv3.TxnResponse
 	var prev *mvccpb.KeyValue // what the key held when this token let it go
 	// A lock this backend acquired, with a known outcome, is most likely
@@ -674,14 +684,17 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 		release := []clientv3.Op{
 			clientv3.OpDelete(lk, clientv3.WithPrevKV()),
 			clientv3.OpPut(tk, tombReleased, clientv3.WithLease(tomb)),
+			unlabel,
 		}
 		var notHeld []clientv3.Op
 		if !fast {
+			// (Without the fast path's Else: a fast transaction that
+			// finds the lock not held is followed by this one.)
 			notHeld = []clientv3.Op{clientv3.OpTxn(
 				[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(tk), "=", 0)},
 				[]clientv3.Op{clientv3.OpPut(tk, tombNotHeld, clientv3.WithLease(tomb))},
 				[]clientv3.Op{clientv3.OpGet(tk)},
-			)}
+			), unlabel}
 		}
 		var txn clientv3.Txn
 		hk, head, handover := b.queues.head(lk)
@@ -696,6 +709,9 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 				clientv3.OpPut(lk, head.token, clientv3.WithLease(clientv3.LeaseID(head.lease)), clientv3.WithPrevKV()),
 				clientv3.OpDelete(hk),
 				clientv3.OpPut(tk, tombReleased, clientv3.WithLease(tomb)),
+				// The head's label, if its attempt carried one,
+				// is beside its record already (see label.go).
+				unlabel,
 			).Else(clientv3.OpTxn(own, release, notHeld))
 		} else {
 			txn = b.cli.Txn(ctx).If(own...).Then(release...).Else(notHeld...)
@@ -824,21 +840,42 @@ func (t *tombLease) drop(id clientv3.LeaseID) {
 	}
 }
 
-// Inspect implements backend.Inspector: a read of the lock key and of its
-// lease's remaining TTL, in whole seconds rounded down.
+// Inspect implements backend.Inspector: a read of the lock key with the
+// label of its holder's token (see label.go), and of its lease's remaining
+// TTL, in whole seconds rounded down.
 func (b *Backend) Inspect(ctx context.Context, key string) (backend.Holder, error) {
 	if err := b.check(); err != nil {
 		return backend.Holder{}, err
 	}
-	resp, err := b.cli.Get(ctx, b.lockKeyOf(key))
+	lk := b.lockKeyOf(key)
+	// The lock key and, after it, the label keys, in one read.
+	resp, err := b.cli.Get(ctx, lk, clientv3.WithRange(labelsEnd(lk)), clientv3.WithLimit(1+inspectLabels))
 	if err != nil {
 		return backend.Holder{}, b.storeErr(ctx, "inspect", err)
 	}
-	if len(resp.Kvs) == 0 {
+	if len(resp.Kvs) == 0 || string(resp.Kvs[0].Key) != lk {
 		return backend.Holder{}, nil
 	}
 	kv := resp.Kvs[0]
 	h := backend.Holder{Held: true, Token: string(kv.Value), Fence: uint64(kv.ModRevision)}
+	found := false
+	for _, l := range resp.Kvs[1:] {
+		if string(l.Key) == labelKey(lk, h.Token) {
+			h.Label, found = string(l.Value), true
+		}
+	}
+	if !found && resp.More {
+		// More waiters have labels than the first read took: the
+		// holder's alone. A label key describes its token only, so a
+		// later read cannot show another holder's.
+		lr, err := b.cli.Get(ctx, labelKey(lk, h.Token))
+		if err != nil {
+			return backend.Holder{}, b.storeErr(ctx, "inspect: label", err)
+		}
+		if len(lr.Kvs) == 1 {
+			h.Label = string(lr.Kvs[0].Value)
+		}
+	}
 	if kv.Lease != 0 {
 		ttl, err := b.cli.TimeToLive(ctx, clientv3.LeaseID(kv.Lease))
 		if err != nil {
@@ -872,6 +909,8 @@ func capabilities(o options) backend.Capabilities {
 		FixedTTL:     true,
 		DurableFence: true,
 		FIFO:         true,
+		// Stored beside the lock, on its lease (see label.go).
+		Labels: true,
 	}
 }
 

@@ -75,6 +75,9 @@ type heldLease struct {
 	// session: the lease is a session's, which carries other locks too
 	// (see sessions.go): it never joins the pool and is never revoked.
 	session *session
+	// labelled: the acquire put a holder label beside the lock key (see
+	// label.go).
+	labelled bool
 }
 
 func newLeases() *leases {
