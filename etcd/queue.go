@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -23,7 +24,9 @@ import (
 // prefix: its value is the token of the waiter's latest refused acquire,
 // and it is attached to the waiter's lease, the lease its lock will be on:
 // the lease is the record's carrier (Refresh is a keep-alive), and the
-// record's create revision orders the queue.
+// record's create revision orders the queue. Beside it, under the
+// attempt's token, is the attempt's holder label, if it carried one, on
+// the same lease: a lock handed to that token shows it (see label.go).
 //
 // What the primitives guarantee:
 //
@@ -78,6 +81,11 @@ type place struct {
 	tainted   bool
 	closed    bool
 	headWoken bool
+	// labelToks are the tokens whose holder labels may be on the lease
+	// (see label.go): the latest attempt's, when it carried one and its
+	// outcome is known; more after attempts of unknown outcome. The next
+	// attempt deletes them.
+	labelToks []string
 }
 
 // newPlace returns a place in key's queue; follow says whether it follows
@@ -269,6 +277,10 @@ func (p *place) Attempt(ctx context.Context, a waitq.Attempt) (waitq.Result, err
 	if err := b.checkTTL(a.TTL); err != nil {
 		return waitq.Result{}, err
 	}
+	label, err := requestLabel(ctx)
+	if err != nil {
+		return waitq.Result{}, err
+	}
 	token, secs := a.Token, seconds(a.TTL)
 	p.qs.mu.Lock()
 	p.handed = false // the caller did not take it: this attempt takes it over
@@ -282,7 +294,20 @@ func (p *place) Attempt(ctx context.Context, a waitq.Attempt) (waitq.Result, err
 	lk, tk, rk := p.lockKey, b.tombKeyOf(p.key, token), p.recKey
 	p.qs.mu.Lock()
 	create := p.create
+	var stale []string
+	for _, t := range p.labelToks {
+		if t != token && !slices.Contains(stale, t) { // a key twice in a transaction is refused
+			stale = append(stale, t)
+		}
+	}
 	p.qs.mu.Unlock()
+	// Every branch puts this attempt's label, if any, on the lease: with
+	// the key it takes, or beside its record, for a handover to find
+	// (see label.go); and deletes the labels of the place's earlier
+	// tokens.
+	labelled := func(ops ...clientv3.Op) []clientv3.Op {
+		return deleteLabels(putLabel(ops, lk, token, label, id), lk, stale)
+	}
 
 	cmps := []clientv3.Cmp{
 		clientv3.Compare(clientv3.CreateRevision(lk), "=", 0),
@@ -299,10 +324,11 @@ func (p *place) Attempt(ctx context.Context, a waitq.Attempt) (waitq.Result, err
 	} else {
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(p.qprefix), "=", 0).WithPrefix())
 	}
-	enqueue := []clientv3.Op{
+	then = labelled(then...)
+	enqueue := labelled(
 		clientv3.OpGet(tk, clientv3.WithCountOnly()),
 		clientv3.OpPut(rk, token, clientv3.WithLease(id), clientv3.WithPrevKV()),
-	}
+	)
 	els := enqueue
 	if a.Prev != "" {
 		// A release may have handed the lock to the previous token
@@ -315,11 +341,12 @@ func (p *place) Attempt(ctx context.Context, a waitq.Attempt) (waitq.Result, err
 				clientv3.Compare(clientv3.LeaseValue(lk), "=", id),
 				clientv3.Compare(clientv3.CreateRevision(tk), "=", 0),
 			},
-			[]clientv3.Op{clientv3.OpPut(lk, token, clientv3.WithLease(id))},
+			labelled(clientv3.OpPut(lk, token, clientv3.WithLease(id))),
 			enqueue,
 		)}
 	}
 	resp, err := b.cli.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
+	p.labelsSent(id, token, label, err)
 	took := err == nil && resp.Succeeded
 	enq := resp
 	if err == nil && !resp.Succeeded && a.Prev != "" {
@@ -424,8 +451,28 @@ func (p *place) leaseGone(id clientv3.LeaseID) error {
 	defer p.qs.mu.Unlock()
 	if p.lease == id {
 		p.lease, p.create, p.handed = clientv3.NoLease, 0, false
+		p.labelToks = nil // gone with the lease
 	}
 	return fmt.Errorf("%w: %w", waitq.ErrGone, errLeaseGone)
+}
+
+// labelsSent records which labels the attempt transaction of token, on
+// lease id, left on the lease, from its outcome err: every branch of a
+// transaction that ran put token's label, if any, and deleted the earlier
+// ones; one of unknown outcome may have, or not.
+func (p *place) labelsSent(id clientv3.LeaseID, token, label string, err error) {
+	p.qs.mu.Lock()
+	defer p.qs.mu.Unlock()
+	switch {
+	case p.lease != id || errors.Is(err, rpctypes.ErrLeaseNotFound):
+		// The lease is gone: the transaction did nothing.
+	case err == nil && label == "":
+		p.labelToks = nil
+	case err == nil:
+		p.labelToks = []string{token}
+	case label != "":
+		p.labelToks = append(p.labelToks, token)
+	}
 }
 
 // Refresh implements waitq.Store: a keep-alive of the place's lease, which
