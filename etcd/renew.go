@@ -76,6 +76,7 @@ type renewal struct {
 	kttl    int64 // the TTL the keep-alive restarted the lease with
 	ok      bool  // renewed
 	unknown bool  // the keep-alive's outcome is unknown
+	lost    bool  // the read found the key no longer the token's on its lease
 }
 
 // renew runs the renewals rs: all keep-alives, then the reads of the keys
@@ -194,6 +195,7 @@ func (b *Backend) renew(ctx context.Context, rs []backend.Renewal) []backend.Ren
 			out[i].Grant, out[i].Err = b.renewed(ctx, &ws[i], kvs[j])
 		}
 	}
+	b.unlabelLost(ctx, ws)
 	if b.sessions != nil {
 		// Send again the releases of unknown outcome of the sessions
 		// renewed (see released).
@@ -215,6 +217,7 @@ func (b *Backend) renewed(ctx context.Context, w *renewal, kv *mvccpb.KeyValue) 
 		// The key was deleted from outside (or taken over after that)
 		// while the lease lived: the lock is lost, and its lease of no
 		// use.
+		w.lost = true
 		if w.h != nil {
 			b.leases.release(w.lk, w.token)
 		}
@@ -231,6 +234,42 @@ func (b *Backend) renewed(ctx context.Context, w *renewal, kv *mvccpb.KeyValue) 
 	}
 	w.ok = true
 	return backend.Grant{Fence: uint64(kv.ModRevision), TTL: lockTTL(secs, w.kttl)}, nil
+}
+
+// unlabelLost deletes the holder labels of the locks of the renewals ws
+// found lost on a session's lease, which lives on with its other locks
+// (see label.go): one transaction for them all, best effort (the token's
+// release deletes it too). A lease of this backend's own that lost its
+// lock was revoked, with its label.
+func (b *Backend) unlabelLost(ctx context.Context, ws []renewal) {
+	var ops []clientv3.Op
+	seen := map[string]bool{}
+	for i := range ws {
+		w := &ws[i]
+		if !w.lost || w.h == nil || w.h.session == nil || !w.h.labelled {
+			continue
+		}
+		if k := labelKey(w.lk, w.token); !seen[k] {
+			seen[k] = true
+			ops = append(ops, clientv3.OpDelete(k))
+		}
+	}
+	for len(ops) > 0 {
+		n := min(len(ops), maxReadsPerTxn)
+		b.deleteAll(ctx, ops[:n])
+		ops = ops[n:]
+	}
+}
+
+// deleteAll runs the deletes ops in one transaction, best effort; one the
+// server refuses as too large is split in two.
+func (b *Backend) deleteAll(ctx context.Context, ops []clientv3.Op) {
+	_, err := b.cli.Txn(ctx).Then(ops...).Commit()
+	if errors.Is(err, rpctypes.ErrTooManyOps) && len(ops) > 1 {
+		h := len(ops) / 2
+		b.deleteAll(ctx, ops[:h])
+		b.deleteAll(ctx, ops[h:])
+	}
 }
 
 // readKeys reads the keys lks in one linearizable request (a Range for one
