@@ -136,6 +136,7 @@ func (c *Client) acquireWith(ctx context.Context, op, key string, wait bool, cfg
 	if err := ctx.Err(); err != nil {
 		return nil, wrap(op, key, err)
 	}
+	ctx = c.labelled(ctx, cfg) // the grants carry the holder's description
 
 	// Take this client's turn for the key first: goroutines of one client
 	// queue here instead of all asking the store. A store in this process

@@ -74,6 +74,9 @@ func New(b backend.Backend, opts ...Option) (*Client, error) {
 	if err := c.checkTTL(&c.cfg); err != nil {
 		return nil, err
 	}
+	if !c.cfg.holderSet {
+		c.cfg.holder = defaultHolder()
+	}
 	c.obs = observerOf(&c.cfg)
 	c.sched = newScheduler(c.cfg.clock)
 	c.renewSlots = make(chan struct{}, maxConcurrentTicks)

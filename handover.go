@@ -152,7 +152,7 @@ func (l *Lease) transferToNext(ctx context.Context) (done, moved bool, err error
 		// holder. The transfer settles the lease only once it is
 		// delivered.
 		delivered := make(chan bool, 1)
-		complete := func() { next.completeHandover(l.token, delivered) }
+		complete := func() { next.completeHandover(l.token, w.cfg, delivered) }
 		started := c.background(complete)
 		delivered <- c.local.deliver(l.key, w, next)
 		if !started {
@@ -162,7 +162,7 @@ func (l *Lease) transferToNext(ctx context.Context) (done, moved bool, err error
 		return true, false, nil
 	}
 	sent := w.cfg.clock.Now()
-	t, err := c.transfer.Transfer(ctx, l.key, l.token, w.token, w.cfg.ttl, backend.TransferOptions{Reserve: true})
+	t, err := c.transfer.Transfer(c.labelled(ctx, w.cfg), l.key, l.token, w.token, w.cfg.ttl, backend.TransferOptions{Reserve: true})
 	if err == nil {
 		if berr := c.brokenGrant("a transfer", t.Fence, t.TTL, w.cfg.ttl); berr != nil {
 			// Not a lease: free what the store may hold for w's token
@@ -207,7 +207,7 @@ func (l *Lease) transferToNext(ctx context.Context) (done, moved bool, err error
 // store, from the previous holder's token to l's, and settles l with the
 // outcome once delivered says whether a waiting goroutine took l; when none
 // did, it releases l. It runs in the background.
-func (l *Lease) completeHandover(from string, delivered <-chan bool) {
+func (l *Lease) completeHandover(from string, cfg *config, delivered <-chan bool) {
 	l.mu.Lock()
 	deadline, ttl := l.v.deadline, l.v.ttl // inherit recorded the transfer's TTL as sent
 	l.unlock()
@@ -217,7 +217,7 @@ func (l *Lease) completeHandover(from string, delivered <-chan bool) {
 	}
 	defer cancel()
 	sent := l.sched.clock.Now()
-	t, err := l.c.transfer.Transfer(ctx, l.key, from, l.token, ttl, backend.TransferOptions{Fence: l.fence, Reserve: true})
+	t, err := l.c.transfer.Transfer(l.c.labelled(ctx, cfg), l.key, from, l.token, ttl, backend.TransferOptions{Fence: l.fence, Reserve: true})
 	took := <-delivered
 	l.settleHandover(ctx, from, sent, t, err)
 	close(l.handover)

@@ -39,8 +39,10 @@ type config struct {
 	epochSet   bool // WithFenceEpoch was given (a Client option only)
 	observer   Observer
 	logger     *slog.Logger
-	observerID int   // counts WithObserver and WithLogger options applied (Client options only)
-	err        error // the first invalid option
+	observerID int    // counts WithObserver and WithLogger options applied (Client options only)
+	holder     string // WithHolder's, or DefaultHolder()
+	holderSet  bool   // WithHolder was given
+	err        error  // the first invalid option
 }
 
 func defaultConfig() config {

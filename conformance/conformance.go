@@ -331,6 +331,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness, opts ...Option) {
 		{"FIFOOrder", (*suite).fifoOrder, nil, false},
 		{"HotKeyRequests", (*suite).hotKeyRequests, nil, false},
 		{"InspectAfterExpiry", (*suite).inspectAfterExpiry, nil, false},
+		{"HolderLabel", (*suite).holderLabel, nil, false},
 		{"FenceAfterIdle", (*suite).fenceAfterIdle, nil, false},
 		{"TokenShape", (*suite).tokenShape, nil, false},
 		{"SeveralTTLs", (*suite).severalTTLs, nil, false},

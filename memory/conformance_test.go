@@ -191,6 +191,8 @@ func TestSuiteCatchesFlaws(t *testing.T) {
 		{"silent-notifier", []string{"WakeOnRelease"}, true},
 		{"inspect-expired", []string{"InspectAfterExpiry"}, true},
 		{"inspect-stale", []string{"InspectAfterExpiry"}, true},
+		{"label-dropped", []string{"HolderLabel"}, true},
+		{"label-of-key", []string{"HolderLabel"}, true},
 		{"claims-fifo", []string{"FIFOOrder"}, true},
 		{"forget-fence-idle", []string{"FenceAfterIdle"}, true},
 		// A harness without hooks under RequireHooks: the cases that need

@@ -32,12 +32,12 @@ func withFile(f flawpatch.Flaw, name, text string) flawpatch.Flaw {
 // sets an expiry (acquire, renew, transfer) enforces enforced(ttl).
 func ttlEnforced(name, enforced string, more ...string) flawpatch.Flaw {
 	return edits(name, append([]string{
-		"sh.locks[key] = entry{token: token, fence: fence, expires: now + ttl}",
-		"sh.locks[key] = entry{token: token, fence: fence, expires: now + " + enforced + "}",
+		"sh.locks[key] = entry{token: token, fence: fence, expires: now + ttl, label: backend.Label(ctx)}",
+		"sh.locks[key] = entry{token: token, fence: fence, expires: now + " + enforced + ", label: backend.Label(ctx)}",
 		"\te.expires = now + ttl\n",
 		"\te.expires = now + " + enforced + "\n",
-		"sh.locks[key] = entry{token: to, fence: fence, expires: now + ttl, waited: e.waited}",
-		"sh.locks[key] = entry{token: to, fence: fence, expires: now + " + enforced + ", waited: e.waited}",
+		"sh.locks[key] = entry{token: to, fence: fence, expires: now + ttl, waited: e.waited, label: backend.Label(ctx)}",
+		"sh.locks[key] = entry{token: to, fence: fence, expires: now + " + enforced + ", waited: e.waited, label: backend.Label(ctx)}",
 	}, more...)...)
 }
 
@@ -156,6 +156,17 @@ func flawSameToken(a, b string) bool {
 		edits("inspect-stale",
 			"\treturn backend.Holder{Held: true, Token: e.token,",
 			"\tif prev, ok := sh.released[key]; ok {\n\t\treturn backend.Holder{Held: true, Token: prev, Fence: e.fence - 1, Remaining: max(0, e.expires-now)}, nil\n\t}\n\treturn backend.Holder{Held: true, Token: e.token,"),
+		// A lock is stored without its holder's description.
+		edits("label-dropped",
+			"sh.locks[key] = entry{token: token, fence: fence, expires: now + ttl, label: backend.Label(ctx)}",
+			"sh.locks[key] = entry{token: token, fence: fence, expires: now + ttl}"),
+		// A lock taken without a description keeps the one of the key's
+		// previous (expired or released) holder: the description of a
+		// key, not of a holder.
+		edits("label-of-key",
+			"sh.locks[key] = entry{token: token, fence: fence, expires: now + ttl, label: backend.Label(ctx)}",
+			"sh.locks[key] = entry{token: token, fence: fence, expires: now + ttl, label: cmp.Or(backend.Label(ctx), sh.locks[key].label)}",
+			"import (\n", "import (\n\t\"cmp\"\n"),
 		// Capabilities declares FIFO; waiters race newcomers.
 		edits("claims-fifo", "\t\tInProcess:    true,\n", "\t\tInProcess:    true,\n\t\tFIFO: true,\n"),
 		// The fence counter starts again after 300ms without a grant.
@@ -176,10 +187,10 @@ func flawSameToken(a, b string) bool {
 		edits("transfer-any-from", "case e.token != from:", "case e.token != from && opt.Fence == 0:"),
 		// A transfer forgets that an owner elsewhere waits.
 		edits("transfer-forgets",
-			"expires: now + ttl, waited: e.waited}", "expires: now + ttl}"),
+			"expires: now + ttl, waited: e.waited, label: backend.Label(ctx)}", "expires: now + ttl, label: backend.Label(ctx)}"),
 		// A transfer keeps the previous expiry instead of the new TTL.
 		edits("transfer-keeps-expiry",
-			"expires: now + ttl, waited: e.waited}", "expires: e.expires, waited: e.waited}"),
+			"expires: now + ttl, waited: e.waited, label: backend.Label(ctx)}", "expires: e.expires, waited: e.waited, label: backend.Label(ctx)}"),
 		// Keys are stored cut to 64 bytes, as in a column too short.
 		keyFlaw("short-keys", "", "\tif len(key) > 64 {\n\t\treturn key[:64]\n\t}\n\treturn key\n"),
 		// Keys are stored lower-cased, as under a case-insensitive

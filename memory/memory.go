@@ -131,6 +131,7 @@ type entry struct {
 	// then refuses to pass it on without a reserved fence, so that the
 	// waiter gets its chance at the next release.
 	waited bool
+	label  string // the holder label of token (backend.Label)
 }
 
 // StoreOption configures a Store.
@@ -380,6 +381,7 @@ func (c *Backend) Capabilities() backend.Capabilities {
 		ExpiryFactor: 1,
 		DurableFence: true, // with Restart(KeepData); see the package doc
 		InProcess:    true,
+		Labels:       true,
 	}
 }
 
@@ -452,7 +454,7 @@ func (c *Backend) acquire(ctx context.Context, key, token string, ttl time.Durat
 		return backend.Grant{}, backend.Locked(e.expires - now)
 	}
 	fence := s.nextFence()
-	sh.locks[key] = entry{token: token, fence: fence, expires: now + ttl}
+	sh.locks[key] = entry{token: token, fence: fence, expires: now + ttl, label: backend.Label(ctx)}
 	sh.maybeSweep(now)
 	sh.mu.Unlock()
 	return backend.Grant{Fence: fence, TTL: ttl}, nil
@@ -591,7 +593,7 @@ func (c *Backend) transfer(ctx context.Context, key, from, to string, ttl time.D
 	if opt.Reserve && !e.waited {
 		next = s.nextFence() // above every fence so far, below every later one
 	}
-	sh.locks[key] = entry{token: to, fence: fence, expires: now + ttl, waited: e.waited}
+	sh.locks[key] = entry{token: to, fence: fence, expires: now + ttl, waited: e.waited, label: backend.Label(ctx)}
 	sh.kill(s, key, from, true, now) // from handed its lock on: it died holding it
 	return backend.Transferred{Fence: fence, TTL: ttl, Next: next}, nil
 }
@@ -631,7 +633,7 @@ func (c *Backend) Inspect(ctx context.Context, key string) (backend.Holder, erro
 	if !ok || now >= e.expires {
 		return backend.Holder{}, nil
 	}
-	return backend.Holder{Held: true, Token: e.token, Fence: e.fence, Remaining: max(0, e.expires-now)}, nil
+	return backend.Holder{Held: true, Token: e.token, Fence: e.fence, Remaining: max(0, e.expires-now), Label: e.label}, nil
 }
 
 // Watch implements backend.Notifier. A release wakes the longest-waiting

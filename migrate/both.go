@@ -97,7 +97,7 @@ func capsOf(b backend.Backend) backend.Capabilities {
 // MinTTL and coarser granularity, the shorter MaxTTL, the later latest
 // expiry (a lock is not free until both stores dropped it), durable
 // fences only when both stores have them, a fixed TTL when either store
-// keeps one, and no FIFO: both has no queue
+// keeps one, holder labels when both keep them, and no FIFO: both has no queue
 // of its own (it waits through the stores' notifications, and a waiter
 // that finds To held undoes its From grant and waits again, which can let
 // a later arrival in first).
@@ -116,6 +116,7 @@ func weaker(a, b backend.Capabilities) backend.Capabilities {
 		DurableFence: a.DurableFence && b.DurableFence,
 		FixedTTL:     a.FixedTTL || b.FixedTTL,
 		InProcess:    a.InProcess && b.InProcess,
+		Labels:       a.Labels && b.Labels,
 	}
 }
 
@@ -333,6 +334,9 @@ func (b *both) Inspect(ctx context.Context, key string) (backend.Holder, error) 
 			h.Fence = ht.Fence
 		}
 		h.Remaining = minKnown(hf.Remaining, ht.Remaining)
+		if h.Label == "" {
+			h.Label = ht.Label
+		}
 		return h, nil
 	case hf.Held:
 		return hf, nil

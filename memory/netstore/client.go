@@ -120,6 +120,7 @@ func New(addr string, opts ...Option) (*Backend, error) {
 var storeCaps = func() backend.Capabilities {
 	c := memory.New().Capabilities()
 	c.InProcess = false
+	c.Labels = false // the protocol carries no holder labels
 	return c
 }()
 
