@@ -40,3 +40,7 @@ func (b *Backend) PendingReleases(token string) int {
 	}
 	return len(s.pending.List())
 }
+
+// TokenOf is the token of a lock entry's value, which may carry a holder
+// label after it (label.go).
+func TokenOf(v []byte) string { return tokenOf(v) }

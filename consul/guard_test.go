@@ -88,9 +88,10 @@ func TestTxnIfHeld(t *testing.T) {
 			resp.Results[1].KV == nil || string(resp.Results[1].KV.Value) != "one" {
 			t.Errorf("results %s; want those of the set and the get only", results(resp))
 		}
-		// A read of the lock's own entry is allowed: it holds the token.
+		// A read of the lock's own entry is allowed: it holds the token
+		// (and the holder label package lock sends, label.go).
 		resp, err = b.TxnIfHeld(ctx, l, api.TxnOps{{KV: &api.KVTxnOp{Verb: api.KVGet, Key: consul.DefaultPrefix + "held"}}})
-		if err != nil || len(resp.Results) != 1 || string(resp.Results[0].KV.Value) != l.Token() {
+		if err != nil || len(resp.Results) != 1 || consul.TokenOf(resp.Results[0].KV.Value) != l.Token() {
 			t.Errorf("guarded read of the lock's entry: %s, %v; want its token", results(resp), err)
 		}
 	})
