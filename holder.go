@@ -44,6 +44,17 @@ func WithHolder(description string) Option {
 	}
 }
 
+// CheckHolder returns nil when s is a valid holder description (see
+// WithHolder), and otherwise an error wrapping ErrInvalidOption that says
+// what is wrong. Tools call it to validate a description before sending
+// anything.
+func CheckHolder(s string) error {
+	if err := checkHolder(s); err != nil {
+		return invalid(ErrInvalidOption, "holder description %.40q: %v", s, err)
+	}
+	return nil
+}
+
 // checkHolder reports what is wrong with a holder description.
 func checkHolder(s string) error {
 	if len(s) > MaxHolderLen {

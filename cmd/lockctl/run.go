@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -29,6 +30,7 @@ func (e *environment) run(ctx context.Context, args []string) int {
 	noWait := fs.Bool("no-wait", false, "fail at once (status 75) when another owner holds the lock")
 	timeout := fs.Duration("timeout", 0, "give up waiting after this long, status 75; at most a year (0: wait forever; with --no-wait, the store has 3s to answer)")
 	grace := fs.Duration("grace", 0, "when renewals fail, SIGTERM the command this long before the lock's deadline; at most TTL/2 (default TTL/4)")
+	holder := fs.String("holder", "", "the holder description stored with the lock, which lockctl status shows (default: \"HOST PID CMD\": this host, lockctl's pid and the command's name; the command's arguments are left out, as they may carry secrets); at most 256 bytes, no control characters")
 	keepEnv := fs.Bool("keep-backend-env", false, "pass "+backendEnv+" on to the command (by default it is taken out of the command's environment)")
 	if code, ok := e.parse(fs, args); !ok {
 		return code
@@ -62,7 +64,13 @@ func (e *environment) run(ctx context.Context, args []string) int {
 		return startFailure(err)
 	}
 	command[0] = path
-	var opts []lock.Option
+	desc := *holder
+	if !fs.set("holder") {
+		desc = runHolder(command[0])
+	} else if err := lock.CheckHolder(desc); err != nil {
+		return e.usageError("run", "--holder: %v", err)
+	}
+	opts := []lock.Option{lock.WithHolder(desc)}
 	if fs.set("ttl") { // a default must not override the URL's ttl
 		opts = append(opts, lock.WithTTL(*ttl))
 	}
@@ -265,13 +273,26 @@ func (e *environment) runHolding(ctx context.Context, l *lock.Lease, command []s
 	}
 }
 
+// runHolder is run's default holder description: "HOST PID CMD", this
+// host, lockctl's pid (the process that holds the lock) and the command's
+// base name, without its arguments: they may carry secrets, and anyone who
+// can read the store reads the description.
+func runHolder(path string) string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown-host"
+	}
+	return lock.SanitizeHolder(host + " " + strconv.Itoa(os.Getpid()) + " " + filepath.Base(path))
+}
+
 // status: lockctl status [--backend URL | --backend-file PATH] KEY
 //
 // In phases 2 and 3 of a migrate:// URL, which hold each lock on both
 // stores, it shows the holder on each store, one line each.
 func (e *environment) status(ctx context.Context, args []string) int {
 	fs := newFlags("status", "[--backend URL | --backend-file PATH] KEY")
-	fs.about = `Shows who holds KEY: its holder's token (the first 8 characters), the store's
+	fs.about = `Shows who holds KEY: its holder's token (the first 8 characters) and
+description (lock.WithHolder; lockctl run stores "HOST PID CMD"), the store's
 fence and the time left before the store expires it. In phases 2 and 3 of a
 migrate:// URL (both stores), one line for each store: "KEY: from: ...",
 "KEY: to: ...", each with the store's own fence (a lease's fence adds the
@@ -350,9 +371,13 @@ func (e *environment) statusOfStores(ctx context.Context, key string, from, to b
 
 // holderText says who holds a key: "free", or "held by TOKEN, fence F,
 // expires in D unless renewed", or "..., time left unknown" when the store
-// does not say (a Consul session's). tok is the token as shown: status cuts
+// does not say (a Consul session's); with the holder's description after
+// the token, in parentheses, when the store keeps one. tok is the token as shown: status cuts
 // it short, break shows it whole. Not escaped: print it through printf.
 func holderText(h backend.Holder, tok string) string {
+	if h.Label != "" {
+		tok += " (" + h.Label + ")"
+	}
 	switch {
 	case !h.Held:
 		return "free"
