@@ -96,9 +96,10 @@ const scanBound = "500"
 
 var (
 	// placeAcquireScript: KEYS = lock, fence, dead token, next, queue,
-	// record[, the slot's fence counter]; ARGV = token, ttl ms, place id,
-	// the place's previous token ('' for none), record prefix, the place's
-	// channel, the most places that may queue. Returns {the fence} (> 0) when it took the lock, or {minus
+	// record, holder key (see label.go)[, the slot's fence counter]; ARGV
+	// = token, ttl ms, place id, the place's previous token ('' for none),
+	// record prefix, the place's channel, the most places that may queue,
+	// the label ('' for none). Returns {the fence} (> 0) when it took the lock, or {minus
 	// the holder's PTTL (<= 0), 1 when the place is first in the queue,
 	// else 0} after queueing the place ({0, 0} when the key is free but
 	// others queue first: the script wakes the first of them; {0, 2} when
@@ -139,14 +140,19 @@ local function grant(marked)
   leave(KEYS[1], v)
   redis.call('SET', KEYS[1], val, 'PX', span(val, ARGV[2]))
   enter(KEYS[1], val)
+  if ARGV[8] and ARGV[8] ~= '' then
+    redis.call('SET', KEYS[7], ARGV[1] .. ' ' .. ARGV[8], 'PX', span(val, ARGV[2]))
+  elseif v then
+    redis.call('DEL', KEYS[7])
+  end
   redis.call('ZREM', KEYS[5], ARGV[3])
   redis.call('DEL', KEYS[6])
-  if KEYS[7] then
-    local f = redis.call('INCR', KEYS[7])
+  if KEYS[8] then
+    local f = redis.call('INCR', KEYS[8])
     local old = tonumber(redis.call('GET', KEYS[2]) or '0')
     if old >= f then
       f = old + 1
-      redis.call('SET', KEYS[7], f)
+      redis.call('SET', KEYS[8], f)
     end
     redis.call('SET', KEYS[2], f, 'PX', ARGV[2])
     return {f}
@@ -156,7 +162,8 @@ end
 if v == ARGV[1] or v == ARGV[1] .. '+' then
   redis.call('PEXPIRE', KEYS[1], span(v, ARGV[2]))
   redis.call('PEXPIRE', KEYS[4], span(v, ARGV[2]))
-  if KEYS[7] then
+  redis.call('PEXPIRE', KEYS[7], span(v, ARGV[2]))
+  if KEYS[8] then
     redis.call('PEXPIRE', KEYS[2], ARGV[2])
   end
   local c = redis.call('GET', KEYS[2])
@@ -228,8 +235,8 @@ if p < 0 then p = 0 end
 return {-p, first}`
 
 	// queueReleaseScript is the single deployment's release: KEYS = lock,
-	// dead token, fence, queue, the releasing place's record[, the slot's
-	// fence counter]; ARGV = token, tombstone ms, the key's channel,
+	// dead token, fence, queue, the releasing place's record, holder key
+	// (see label.go)[, the slot's fence counter]; ARGV = token, tombstone ms, the key's channel,
 	// record prefix, the releasing place's id ('' for none), the prefix of
 	// the key's tombstones (deadKeyOf with no token). Returns as
 	// releaseScript, or 2 when it deleted the lock after its search for a
@@ -250,12 +257,13 @@ end
 local v = live(KEYS[1])
 if v == ARGV[1] then
   redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
-  redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1], KEYS[6])
   leave(KEYS[1], v)
   return 1
 end
 if v == ARGV[1] .. '+' then
   redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+  redis.call('DEL', KEYS[6])
   leave(KEYS[1], v)
   local more = 1
   for i = 1, ` + scanBound + ` do
@@ -279,12 +287,12 @@ if v == ARGV[1] .. '+' then
         redis.call('SET', KEYS[1], val, 'PX', p)
         redis.call('DEL', r)
         local f
-        if KEYS[6] then
-          f = redis.call('INCR', KEYS[6])
+        if KEYS[7] then
+          f = redis.call('INCR', KEYS[7])
           local old = tonumber(redis.call('GET', KEYS[3]) or '0')
           if old >= f then
             f = old + 1
-            redis.call('SET', KEYS[6], f)
+            redis.call('SET', KEYS[7], f)
           end
           redis.call('SET', KEYS[3], f, 'PX', p)
         else
@@ -409,7 +417,7 @@ type place struct {
 }
 
 func (p *place) acquireKeys(token string) []string {
-	ks := []string{p.lk, p.fk, deadKeyOf(p.lk, token), nextKeyOf(p.lk), queueKeyOf(p.lk), p.rec}
+	ks := []string{p.lk, p.fk, deadKeyOf(p.lk, token), nextKeyOf(p.lk), queueKeyOf(p.lk), p.rec, holderKeyOf(p.lk)}
 	if sk := p.b.opts.slotFenceKey(p.lk); sk != "" {
 		ks = append(ks, sk)
 	}
@@ -448,7 +456,7 @@ func (p *place) Attempt(ctx context.Context, a waitq.Attempt) (waitq.Result, err
 	p.mu.Lock()
 	p.token = st
 	p.mu.Unlock()
-	out, err := b.batch.run(ctx, b.sc.placeAcquire, p.acquireKeys(st), st, ms(a.TTL), p.id, prev, recordPrefixOf(p.lk), ch, b.opts.maxWaiters).Int64Slice()
+	out, err := b.batch.run(ctx, b.sc.placeAcquire, p.acquireKeys(st), st, ms(a.TTL), p.id, prev, recordPrefixOf(p.lk), ch, b.opts.maxWaiters, backend.Label(ctx)).Int64Slice()
 	if err == nil && (len(out) == 0 || len(out) > 2 || (out[0] <= 0) != (len(out) == 2)) {
 		err = fmt.Errorf("unexpected script reply %v", out)
 	}
@@ -623,7 +631,7 @@ func (b *Backend) releaseWith(ctx context.Context, lk, token, rec, id string) (i
 
 // releaseOnce is releaseWith for token as the store holds it (stored).
 func (b *Backend) releaseOnce(ctx context.Context, lk, token, rec, id string) (int64, error) {
-	ks := []string{lk, deadKeyOf(lk, token), fenceKeyOf(lk), queueKeyOf(lk), rec}
+	ks := []string{lk, deadKeyOf(lk, token), fenceKeyOf(lk), queueKeyOf(lk), rec, holderKeyOf(lk)}
 	if rec == "" {
 		ks[4] = recordPrefixOf(lk) // a key of the slot; unused without an id
 	}

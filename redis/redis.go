@@ -86,8 +86,10 @@
 // # Keys and their footprint
 //
 // Per lock key, the backend writes the lock "PREFIX{KEY}" (with the
-// lease's expiry), "PREFIX{KEY}:next" while a handover reserved a fence
-// (expires with the lock), the waiters' queue "PREFIX{KEY}:q" and one
+// lease's expiry), "PREFIX{KEY}:h" with the holder's label while a
+// holder that gave one holds it (expires with the lock; see label.go),
+// "PREFIX{KEY}:next" while a handover reserved a fence (expires with the
+// lock), the waiters' queue "PREFIX{KEY}:q" and one
 // record "PREFIX{KEY}:w:ID" per waiter while any wait (each expires a TTL
 // after its waiter's last refresh), "PREFIX{KEY}:dead:TOKEN" per release (a
 // tombstone of about 100 bytes that lives 15 seconds), and the fence
@@ -433,13 +435,13 @@ func (o *options) slotFenceKey(lockKey string) string {
 }
 
 // renewKeys returns the keys of renewScript for key: the lock and the keys
-// that expire with it.
+// that expire with it (the holder key among them: see label.go).
 func (o *options) renewKeys(key string) []string {
 	lk, fk := keys(o.prefix, key)
 	if o.slotFenceKey(lk) != "" {
-		return []string{lk, nextKeyOf(lk), fk}
+		return []string{lk, nextKeyOf(lk), holderKeyOf(lk), fk}
 	}
-	return []string{lk, nextKeyOf(lk)}
+	return []string{lk, nextKeyOf(lk), holderKeyOf(lk)}
 }
 
 // nextKeyOf returns the key that records the fence reserved for the next
@@ -502,8 +504,9 @@ func ms(ttl time.Duration) int64 {
 // TTL.
 var (
 	// acquireScript: KEYS = lock, fence, dead token, next (see
-	// transferScript)[, the slot's fence counter (see fence.go)]; ARGV =
-	// token, ttl ms[, the queue and its record prefix (see queue.go)]. Returns the fence (> 0) when it took the lock, or
+	// transferScript), holder key (see label.go)[, the slot's fence
+	// counter (see fence.go)]; ARGV = token, ttl ms[, the queue and its
+	// record prefix (see queue.go)[, the label ('' for none)]]. Returns the fence (> 0) when it took the lock, or
 	// minus the holder's PTTL (<= 0) after marking the lock as waited
 	// for, or the error DEAD for a released token. With the queue, a free
 	// key is not taken while a place with a live record queues: the
@@ -530,7 +533,8 @@ var (
 	acquireScript = goredis.NewScript(plainScript(acquireLua))
 
 	// renewScript: KEYS = lock, then the keys that expire with it (the
-	// next key; with slot counters, the fence key); ARGV = token, ttl ms.
+	// next key, the holder key; with slot counters, the fence key); ARGV
+	// = token, ttl ms.
 	// Returns 1, or 0 when token does not hold the lock. With sessions, it
 	// brings a lock handed to token into its session (see place.confirm).
 	renewScript = goredis.NewScript(plainScript(renewLua))
@@ -538,8 +542,9 @@ var (
 	// transferScript: see transferLua.
 	transferScript = goredis.NewScript(plainScript(transferLua))
 
-	// inspectScript: KEYS = lock, fence, next. Returns {} or {token, pttl,
-	// the holder's fence}.
+	// inspectScript: KEYS = lock, fence, next, holder key. Returns {} or
+	// {token, pttl, the holder's fence, its label}: the holder key's label
+	// when the key names the holder's token, else '' (see label.go).
 	inspectScript = goredis.NewScript(plainScript(inspectLua))
 )
 
@@ -583,12 +588,15 @@ if not took then
 end
 if took then
   enter(KEYS[1], ARGV[1])
-  if KEYS[5] then
-    local f = redis.call('INCR', KEYS[5])
+  if ARGV[5] and ARGV[5] ~= '' then
+    redis.call('SET', KEYS[5], ARGV[1] .. ' ' .. ARGV[5], 'PX', span(ARGV[1], ARGV[2]))
+  end
+  if KEYS[6] then
+    local f = redis.call('INCR', KEYS[6])
     local old = tonumber(redis.call('GET', KEYS[2]) or '0')
     if old >= f then
       f = old + 1
-      redis.call('SET', KEYS[5], f)
+      redis.call('SET', KEYS[6], f)
     end
     redis.call('SET', KEYS[2], f, 'PX', ARGV[2])
     return f
@@ -598,7 +606,8 @@ end
 if v == ARGV[1] or v == ARGV[1] .. '+' then
   redis.call('PEXPIRE', KEYS[1], span(v, ARGV[2]))
   redis.call('PEXPIRE', KEYS[4], span(v, ARGV[2]))
-  if KEYS[5] then
+  redis.call('PEXPIRE', KEYS[5], span(v, ARGV[2]))
+  if KEYS[6] then
     redis.call('PEXPIRE', KEYS[2], ARGV[2])
   end
   local c = redis.call('GET', KEYS[2])
@@ -643,17 +652,18 @@ end
 redis.call('SET', KEYS[2], '0', 'PX', ARGV[2])
 return 0`
 
-	// releaseScript (Redlock's): KEYS = lock, dead token; ARGV = token,
-	// tombstone ms, the lock's channel, release id. Returns 1 when it
-	// deleted the lock or had deleted it before (the token's tombstone
-	// says so), 0 when token did not hold it. It kills the token either
+	// releaseScript (Redlock's): KEYS = lock, dead token, holder key (see
+	// label.go); ARGV = token, tombstone ms, the lock's channel, release
+	// id. Returns 1 when it deleted the lock (and its holder key) or had
+	// deleted it before (the token's tombstone says so), 0 when token did
+	// not hold it. It kills the token either
 	// way (see Dead tokens). When a waiter marked the lock it publishes
 	// the release id on the lock's channel: Redlock sends one id to all
 	// nodes, so that waiters wake once per release.
 	releaseScript = goredis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if v == ARGV[1] or v == ARGV[1] .. '+' then
-  redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1], KEYS[3])
   redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
   if v ~= ARGV[1] then
     redis.call('PUBLISH', ARGV[3], ARGV[4])
@@ -663,9 +673,10 @@ end
 ` + releaseNotHeldLua)
 
 	// transferScript: KEYS = lock, fence, next, to's tombstone, from's
-	// tombstone[, the slot's fence counter]; ARGV = from token, to token,
-	// ttl ms, fence reserved for to (0: take a new one), reserve ('1':
-	// reserve a fence for the owner after to), tombstone ms. Returns {-2},
+	// tombstone, holder key (see label.go)[, the slot's fence counter];
+	// ARGV = from token, to token, ttl ms, fence reserved for to (0: take
+	// a new one), reserve ('1': reserve a fence for the owner after to),
+	// tombstone ms, to's label ('' for none: from's is deleted). Returns {-2},
 	// changing nothing, when to is dead (released before: a transfer that
 	// arrives after the cleanup of its unknown outcome); {-3} when from
 	// does not hold the lock and is dead (it handed the lock on, or
@@ -719,7 +730,7 @@ if v ~= ARGV[1] then
   end
   marked = true
 end
-local counter = KEYS[6] or KEYS[2]
+local counter = KEYS[7] or KEYS[2]
 local f = tonumber(ARGV[4])
 if f == 0 then
   if marked then
@@ -737,8 +748,13 @@ end
 leave(KEYS[1], v)
 redis.call('SET', KEYS[1], to, 'PX', span(to, ARGV[3]))
 enter(KEYS[1], to)
+if ARGV[7] and ARGV[7] ~= '' then
+  redis.call('SET', KEYS[6], ARGV[2] .. ' ' .. ARGV[7], 'PX', span(to, ARGV[3]))
+else
+  redis.call('DEL', KEYS[6])
+end
 redis.call('SET', KEYS[5], '1', 'PX', ARGV[6])
-if KEYS[6] then
+if KEYS[7] then
   redis.call('SET', KEYS[2], f, 'PX', ARGV[3])
 end
 local nxt = 0
@@ -760,7 +776,14 @@ local f = tonumber(c)
 if redis.call('GET', KEYS[3]) == c then
   f = f - 1
 end
-return {v, pttl(KEYS[1], v), f}`
+local l = ''
+local h = redis.call('GET', KEYS[4])
+if h then
+  local t = v
+  if string.byte(t, -1) == 43 then t = string.sub(t, 1, -2) end
+  if string.sub(h, 1, #t + 1) == t .. ' ' then l = string.sub(h, #t + 2) end
+end
+return {v, pttl(KEYS[1], v), f, l}`
 )
 
 func (b *Backend) check() error {
@@ -809,7 +832,7 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	}
 	lk, fk := keys(b.opts.prefix, key)
 	st := b.stored(token)
-	ks := []string{lk, fk, deadKeyOf(lk, st), nextKeyOf(lk)}
+	ks := []string{lk, fk, deadKeyOf(lk, st), nextKeyOf(lk), holderKeyOf(lk)}
 	if sk := b.opts.slotFenceKey(lk); sk != "" {
 		ks = append(ks, sk)
 	}
@@ -817,7 +840,7 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	if b.sessions != nil {
 		sent = time.Now()
 	}
-	res, err := b.batch.run(ctx, b.sc.acquire, ks, st, ms(ttl), queueKeyOf(lk), recordPrefixOf(lk)).Int64()
+	res, err := b.batch.run(ctx, b.sc.acquire, ks, st, ms(ttl), queueKeyOf(lk), recordPrefixOf(lk), backend.Label(ctx)).Int64()
 	if err != nil {
 		return backend.Grant{}, b.acquireErr(token, err)
 	}
@@ -900,11 +923,11 @@ func (b *Backend) Transfer(ctx context.Context, key, from, to string, ttl time.D
 		reserve = "1"
 	}
 	from, to = b.stored(from), b.stored(to)
-	ks := []string{lk, fk, nextKeyOf(lk), deadKeyOf(lk, to), deadKeyOf(lk, from)}
+	ks := []string{lk, fk, nextKeyOf(lk), deadKeyOf(lk, to), deadKeyOf(lk, from), holderKeyOf(lk)}
 	if sk := b.opts.slotFenceKey(lk); sk != "" {
 		ks = append(ks, sk)
 	}
-	res, err := b.batch.run(ctx, b.sc.transfer, ks, from, to, ms(ttl), opt.Fence, reserve, deadMs).Int64Slice()
+	res, err := b.batch.run(ctx, b.sc.transfer, ks, from, to, ms(ttl), opt.Fence, reserve, deadMs, backend.Label(ctx)).Int64Slice()
 	switch {
 	case err != nil:
 		return backend.Transferred{}, storeErr("transfer", err)
@@ -935,18 +958,19 @@ func (b *Backend) Inspect(ctx context.Context, key string) (backend.Holder, erro
 }
 
 func inspect(ctx context.Context, n *batcher, script *goredis.Script, lk, fk string) (backend.Holder, error) {
-	res, err := n.run(ctx, script, []string{lk, fk, nextKeyOf(lk)}).Slice()
+	res, err := n.run(ctx, script, []string{lk, fk, nextKeyOf(lk), holderKeyOf(lk)}).Slice()
 	if err != nil {
 		return backend.Holder{}, storeErr("inspect", err)
 	}
-	if len(res) != 3 {
+	if len(res) != 4 {
 		return backend.Holder{}, nil
 	}
 	token, _ := res[0].(string)
 	token = unstored(strings.TrimSuffix(token, "+")) // a waiter's mark, a session
 	pttl, _ := res[1].(int64)
 	fence, _ := res[2].(int64)
-	return backend.Holder{Held: true, Token: token, Fence: uint64(fence), Remaining: max(0, time.Duration(pttl)*time.Millisecond)}, nil
+	label, _ := res[3].(string)
+	return backend.Holder{Held: true, Token: token, Fence: uint64(fence), Remaining: max(0, time.Duration(pttl)*time.Millisecond), Label: label}, nil
 }
 
 // Watch implements backend.Notifier with Redis pub/sub.
@@ -978,6 +1002,7 @@ func capabilities(o options) backend.Capabilities {
 		ExpirySlack:  2 * time.Millisecond, // millisecond expiry resolution
 		DurableFence: o.durableFence,
 		MaxTTL:       o.maxTTL,
+		Labels:       true, // see label.go
 	}
 }
 

@@ -192,9 +192,9 @@ func distinctClients(nodes []Conn) error {
 }
 
 var (
-	// redlockAcquireScript: KEYS = lock, fence, dead token, node
-	// state[, the slot's fence counter]; ARGV = token, ttl ms, maximum
-	// TTL ms. The counter it reports is the higher of the key's and the
+	// redlockAcquireScript: KEYS = lock, fence, dead token, node state,
+	// holder key (see label.go)[, the slot's fence counter]; ARGV =
+	// token, ttl ms, maximum TTL ms, the label ('' for none). The counter it reports is the higher of the key's and the
 	// slot's. On a node that is not ready
 	// (see "A node that comes back empty") it returns {2, ms left to
 	// wait} or, once the wait is over, {3, the node's incarnation}, and
@@ -224,10 +224,13 @@ if redis.call('EXISTS', KEYS[3]) == 1 then
   return redis.error_reply('DEAD token released before')
 end
 local c = tonumber(redis.call('GET', KEYS[2]) or '0')
-if KEYS[5] then
-  c = math.max(c, tonumber(redis.call('GET', KEYS[5]) or '0'))
+if KEYS[6] then
+  c = math.max(c, tonumber(redis.call('GET', KEYS[6]) or '0'))
 end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if ARGV[4] and ARGV[4] ~= '' then
+    redis.call('SET', KEYS[5], ARGV[1] .. ' ' .. ARGV[4], 'PX', ARGV[2])
+  end
   return {1, c}
 end
 local v = redis.call('GET', KEYS[1])
@@ -244,7 +247,8 @@ else
 end
 if mine then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  if KEYS[5] then
+  redis.call('PEXPIRE', KEYS[5], ARGV[2])
+  if KEYS[6] then
     redis.call('PEXPIRE', KEYS[2], ARGV[2])
   end
 end
@@ -477,8 +481,10 @@ func (r *Redlock) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	maxMs := ms(r.opts.maxTTL)
 	ch := channelOf(lk)
 	id := releaseID()
+	hk := holderKeyOf(lk)
+	label := backend.Label(ctx)
 	release := func(ctx context.Context, n *batcher) error {
-		return n.run(ctx, releaseScript, []string{lk, dk}, token, deadMs, ch, id).Err()
+		return n.run(ctx, releaseScript, []string{lk, dk, hk}, token, deadMs, ch, id).Err()
 	}
 
 	// The attempt's result, for nodes that answer after it returned.
@@ -500,7 +506,7 @@ func (r *Redlock) Acquire(ctx context.Context, key, token string, ttl time.Durat
 		_ = release(nctx, r.batch[i])
 	}
 
-	acquireKeys, raiseKeys := []string{lk, fk, dk, nk}, []string{lk, fk}
+	acquireKeys, raiseKeys := []string{lk, fk, dk, nk, hk}, []string{lk, fk}
 	if sk := r.opts.slotFenceKey(lk); sk != "" {
 		acquireKeys, raiseKeys = append(acquireKeys, sk), append(raiseKeys, sk)
 	}
@@ -508,7 +514,7 @@ func (r *Redlock) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	pttls := make([]int64, len(r.nodes))
 	holders := make([]string, len(r.nodes))
 	first, firstRound := r.gather(ctx, ttl, func(ctx context.Context, i int, n *batcher) error {
-		res, err := n.run(ctx, redlockAcquireScript, acquireKeys, token, ms(ttl), maxMs).Slice()
+		res, err := n.run(ctx, redlockAcquireScript, acquireKeys, token, ms(ttl), maxMs, label).Slice()
 		if err != nil {
 			return err
 		}
@@ -722,11 +728,11 @@ func (r *Redlock) Release(ctx context.Context, key, token string) error {
 		return err
 	}
 	lk, _ := keys(r.opts.prefix, key)
-	dk := deadKeyOf(lk, token)
+	ks := []string{lk, deadKeyOf(lk, token), holderKeyOf(lk)}
 	ch := channelOf(lk)
 	id := releaseID()
 	errs, _ := r.gather(ctx, 0, func(ctx context.Context, i int, n *batcher) error {
-		k, err := n.run(ctx, releaseScript, []string{lk, dk}, token, deadMs, ch, id).Int64()
+		k, err := n.run(ctx, releaseScript, ks, token, deadMs, ch, id).Int64()
 		if err == nil && k != 1 {
 			return backend.ErrNotHeld
 		}
@@ -743,7 +749,8 @@ func (r *Redlock) Release(ctx context.Context, key, token string) error {
 }
 
 // Inspect implements backend.Inspector: the holder is the token that holds a
-// majority of nodes. It returns once the answers so far decide it.
+// majority of nodes, and its label the one most of those nodes report
+// (see label.go). It returns once the answers so far decide it.
 func (r *Redlock) Inspect(ctx context.Context, key string) (backend.Holder, error) {
 	if err := r.check(); err != nil {
 		return backend.Holder{}, err
@@ -783,7 +790,7 @@ func (r *Redlock) Inspect(ctx context.Context, key string) (backend.Holder, erro
 		if len(hs) < r.quorum {
 			continue
 		}
-		out := backend.Holder{Held: true, Token: token}
+		out := backend.Holder{Held: true, Token: token, Label: redlockLabel(hs)}
 		rem := make([]time.Duration, 0, len(hs))
 		for _, h := range hs {
 			out.Fence = max(out.Fence, h.Fence)

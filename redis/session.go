@@ -16,9 +16,9 @@ import (
 // Sessions (WithSessions): one renewal for all the leases of a client.
 //
 // Without sessions every lease keeps its own lock key alive: a renewal
-// every third of its TTL is a GET and two PEXPIREs on the server (the lock
-// and its next key), about 9 commands per lease per TTL however the
-// renewals are batched. With sessions, the leases of one TTL that a
+// every third of its TTL is a GET and three PEXPIREs on the server (the
+// lock, its next key and its holder key), about 12 commands per lease per
+// TTL however the renewals are batched (9 before holder keys). With sessions, the leases of one TTL that a
 // backend granted share a session, and renewing a batch of them is one
 // PEXPIRE of the session's key and one MGET of their locks.
 //
@@ -39,7 +39,9 @@ import (
 //     (backend.TokenPrefixer): the backend finds a lease's session from
 //     its token, with no state per lease, and a script finds a lock's
 //     session from the lock's value. The lock key expires sessionSpan
-//     TTLs after it was granted or last refreshed.
+//     TTLs after it was granted or last refreshed, and so do its next
+//     key and its holder key (label.go): the walks below extend all
+//     three, and live() deletes all three.
 //
 // # The rule: a lock whose session key is gone is free
 //
@@ -114,11 +116,12 @@ import (
 //
 // # The cost
 //
-// Per lease and TTL: the walks, 2 PEXPIREs a lock (the lock and its next
-// key) every sessionPass TTLs, 0.8 per TTL, and one MGET and one PEXPIRE
-// per batch of up to maxRenewBatch renewals, every third of the TTL. The
-// bench's leases scenario measured 0.70 commands per lease per TTL at
-// 100,000 leases, against 9.0 without sessions. The price: a lock's key
+// Per lease and TTL: the walks, 3 PEXPIREs a lock (the lock, its next key
+// and its holder key) every sessionPass TTLs, 1.2 per TTL, and one MGET and
+// one PEXPIRE per batch of up to maxRenewBatch renewals, every third of
+// the TTL. The bench's leases scenario measured 0.70 commands per lease
+// per TTL at 100,000 leases, against 9.0 without sessions, before holder
+// keys added a PEXPIRE to each (walked or renewed) lock. The price: a lock's key
 // lives up to sessionSpan TTLs after its session ended (it is free at
 // once, and the next request that looks at it deletes it), a grant writes
 // the session's table too, and a client that uses many TTLs has a session
@@ -394,7 +397,7 @@ func (ss *sessions) renew(ctx context.Context, rs []backend.Renewal, out []backe
 // sessionWalkScript: KEYS = the session's lock table, the session key;
 // ARGV = HSCAN cursor, span ms, table ms. One step of a walk: every lock
 // of the step's fields still held by its token of this session lives span
-// from now (its next key too); the others leave the table (the holder's
+// from now (its next key and its holder key too: see label.go); the others leave the table (the holder's
 // renewal reports them). Returns the next cursor. It also extends the
 // table, and answers "ended" when the session key is gone.
 var sessionWalkScript = goredis.NewScript(`
@@ -418,6 +421,7 @@ if #ks > 0 then
       if v == t .. mine or v == t .. mine .. '+' then
         redis.call('PEXPIRE', k, ARGV[2])
         redis.call('PEXPIRE', k .. ':next', ARGV[2])
+        redis.call('PEXPIRE', k .. ':h', ARGV[2])
       else
         redis.call('HDEL', KEYS[1], k)
       end
@@ -698,7 +702,7 @@ local function live(k)
   if v then
     local s = sessionOf(v)
     if s and redis.call('EXISTS', s) == 0 then
-      redis.call('DEL', k, k .. ':next')
+      redis.call('DEL', k, k .. ':next', k .. ':h')
       return false
     end
   end
