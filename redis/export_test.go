@@ -29,7 +29,7 @@ func HashSlot(key string) int { return hashSlot(key) }
 func KeysOf(prefix, key string) []string {
 	lk, fk := keys(prefix, key)
 	const token, id = "0123456789abcdef0123456789abcdef", "0123456789abcdef"
-	return []string{lk, fk, nextKeyOf(lk), deadKeyOf(lk, token), queueKeyOf(lk), recordPrefixOf(lk) + id, channelOf(lk), channelOf(lk) + ":" + id}
+	return []string{lk, fk, nextKeyOf(lk), deadKeyOf(lk, token), queueKeyOf(lk), recordPrefixOf(lk) + id, channelOf(lk), channelOf(lk) + ":" + id, holderKeyOf(lk)}
 }
 
 // NodeTLSConfigs returns the TLS configuration of each node of r, a
