@@ -223,3 +223,39 @@ func ExampleLease_Release() {
 	// release: <nil>
 	// lost: true
 }
+
+// Operators see who holds a lock: the description its holder set
+// (WithHolder; host, pid and program name by default), its fence and the
+// time the store gives it.
+func ExampleClient_Inspect() {
+	ctx := context.Background()
+	store := memory.NewStore()
+	worker, err := lock.New(store.NewBackend(), lock.WithHolder("billing-worker-3 (host b7)"))
+	if err != nil {
+		panic(err)
+	}
+	defer worker.Close()
+	operator, err := lock.New(store.NewBackend())
+	if err != nil {
+		panic(err)
+	}
+	defer operator.Close()
+
+	l, err := worker.TryAcquire(ctx, "invoice:7")
+	if err != nil {
+		panic(err)
+	}
+	defer l.Release(ctx)
+
+	h, err := operator.Inspect(ctx, "invoice:7")
+	if err != nil {
+		panic(err)
+	}
+	fmt.Printf("held: %v by %q, fence %d, same fence as the lease: %v\n", h.Held, h.Description, h.Fence, h.Fence == l.Fence())
+
+	_, err = worker.TryAcquire(ctx, "invoice:8", lock.WithHolder("two\nlines"))
+	fmt.Println(errors.Is(err, lock.ErrInvalidOption))
+	// Output:
+	// held: true by "billing-worker-3 (host b7)", fence 1, same fence as the lease: true
+	// true
+}
