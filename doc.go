@@ -6,8 +6,11 @@
 // WithWait's bound); Do and TryDo run a function under the lock with a
 // context that ends the moment the lock is lost. A Lease is one held lock:
 // Renew and Extend (with a new TTL) renew it, Release frees it, Done and Err
-// report its loss. WithObserver and WithLogger report what a Client does,
-// for metrics, traces and logs (module lockotel for OpenTelemetry).
+// report its loss. Client.Inspect says who holds a key: the description
+// its holder stored with the lock (WithHolder; host, pid and program by
+// default), its fence and its time left. WithObserver and WithLogger report
+// what a Client does, for metrics, traces and logs (module lockotel for
+// OpenTelemetry).
 //
 //	locks, err := lock.New(memory.New())
 //	...
