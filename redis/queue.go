@@ -236,8 +236,8 @@ return {-p, first}`
 
 	// queueReleaseScript is the single deployment's release: KEYS = lock,
 	// dead token, fence, queue, the releasing place's record, holder key
-	// (see label.go)[, the slot's fence counter]; ARGV = token, tombstone ms, the key's channel,
-	// record prefix, the releasing place's id ('' for none), the prefix of
+	// (see label.go)[, the slot's fence counter]; ARGV = token, tombstone
+	// ms, the key's channel, record prefix, the releasing place's id ('' for none), the prefix of
 	// the key's tombstones (deadKeyOf with no token). Returns as
 	// releaseScript, or 2 when it deleted the lock after its search for a
 	// waiter stopped at its bound (see Bounded work). It removes the releasing place from the queue, then,

@@ -194,8 +194,8 @@ func distinctClients(nodes []Conn) error {
 var (
 	// redlockAcquireScript: KEYS = lock, fence, dead token, node state,
 	// holder key (see label.go)[, the slot's fence counter]; ARGV =
-	// token, ttl ms, maximum TTL ms, the label ('' for none). The counter it reports is the higher of the key's and the
-	// slot's. On a node that is not ready
+	// token, ttl ms, maximum TTL ms, the label ('' for none). The counter
+	// it reports is the higher of the key's and the slot's. On a node that is not ready
 	// (see "A node that comes back empty") it returns {2, ms left to
 	// wait} or, once the wait is over, {3, the node's incarnation}, and
 	// changes nothing but the node state.

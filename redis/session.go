@@ -18,9 +18,10 @@ import (
 // Without sessions every lease keeps its own lock key alive: a renewal
 // every third of its TTL is a GET and three PEXPIREs on the server (the
 // lock, its next key and its holder key), about 12 commands per lease per
-// TTL however the renewals are batched (9 before holder keys). With sessions, the leases of one TTL that a
-// backend granted share a session, and renewing a batch of them is one
-// PEXPIRE of the session's key and one MGET of their locks.
+// TTL however the renewals are batched (9 before holder keys). With
+// sessions, the leases of one TTL that a backend granted share a session,
+// and renewing a batch of them is one PEXPIRE of the session's key and one
+// MGET of their locks.
 //
 // # The keys
 //
