@@ -11,9 +11,19 @@
 //
 // Package lock validates its input before calling a backend: a key is 1 to
 // lock.MaxKeyLen bytes of valid UTF-8, a token is 32 lower-case hex digits
-// (128 random bits, unique per acquisition), a TTL is positive and at least
-// Capabilities.MinTTL. A backend may still reject input it cannot store with
-// an error wrapping ErrInvalid.
+// (128 random bits, unique per acquisition; see TokenPrefixer for the one
+// exception), a TTL is positive and at least Capabilities.MinTTL.
+//
+// A backend must store every valid key, each as a lock of its own: NUL
+// bytes, "." and "..", "a//b" beside "a/b", "a/./b", "a/b/", keys that
+// differ only in case or in Unicode normalisation, and keys of
+// lock.MaxKeyLen bytes are all distinct locks. A store that cannot hold a
+// key as it is (a column that refuses NUL, a path that cleans "a//b")
+// encodes it (hex, percent-escaping) so that distinct keys stay distinct;
+// it never refuses one. The conformance case KeyShapes sends such keys
+// (its doc lists them). A backend may reject a TTL outside its
+// Capabilities, or a label it cannot store, with an error wrapping
+// ErrInvalid, changing nothing.
 //
 // # Errors
 //
@@ -32,6 +42,45 @@
 // ExpirySlack bound how much later, counted from the same moment. Package
 // lock measures validity on the client's monotonic clock from the send
 // time, which comes before, and subtracts a drift allowance.
+//
+// "Received" is any moment from the request's arrival on: the moment the
+// store executes it, after waiting for a row lock or a queue, is as good,
+// since package lock counts from the send, which comes before both. The
+// latest-expiry bounds count from the same moment, so a store whose
+// requests may wait long before they run declares that wait in
+// ExpirySlack (or counts the expiry from the arrival).
+//
+// # Requests out of order, and dead tokens
+//
+// A store receives requests out of order when any of these holds, and
+// then must keep released tokens dead (see Acquire and Release):
+//   - its client library sends a request again after a lost reply or a
+//     timeout (go-redis, etcd's and Consul's clients all can);
+//   - a request can still run on the server after the caller's context
+//     ended: a SQL driver that closes the connection when the context
+//     ends leaves the statement running on the server, and package
+//     lock's cleanup release, sent on another connection of the pool,
+//     can overtake it;
+//   - requests of one client travel over more than one connection (a
+//     pool), or to more than one node.
+//
+// Nearly every networked store is one of these; only a store in the
+// process (package memory) is not.
+//
+// A dead token is one that a Release was sent for, whether that release
+// found the lock held by it (it freed it) or not (ErrNotHeld): both kill
+// the token. For at least MinDeadTokenTTL after the release, and at least
+// as long as a request of the backend's can take to reach the store
+// (retries and timeouts of its client library included), the store
+// refuses an Acquire, Queue.Acquire or Transfer to a dead token (an error
+// wrapping ErrInvalid) and answers a Release of a token that died holding
+// the lock with nil again. The check of the tombstone and the grant, and
+// the release and the tombstone it leaves, must each be one atomic step
+// with respect to the other requests on the same key: run them in one
+// script or transaction serialised per key (a row lock taken with SELECT
+// ... FOR UPDATE, SERIALIZABLE isolation, a Lua script, a Raft
+// transaction). Two statements under READ COMMITTED race: a late acquire
+// checks the tombstone before the release writes it, and grants after.
 //
 // # URLs
 //
@@ -114,7 +163,8 @@ type Backend interface {
 	// Requests may reach the store out of order: an acquire may arrive
 	// after the Release that was sent to undo it (the caller gave up while
 	// it was on its way), or twice. A store that can receive requests out
-	// of order must make a released token dead for a while: an Acquire
+	// of order (see the package doc: nearly every networked store) must
+	// keep a released token dead for at least MinDeadTokenTTL: an Acquire
 	// with a token released before must not take the lock (return an
 	// error wrapping ErrInvalid). Say in the package doc how long.
 	Acquire(ctx context.Context, key, token string, ttl time.Duration) (Grant, error)
@@ -127,12 +177,13 @@ type Backend interface {
 	Renew(ctx context.Context, key, token string, ttl time.Duration) (Grant, error)
 
 	// Release frees key if token holds it. Otherwise it returns ErrNotHeld
-	// and changes nothing on the lock. A release sent again after it took
-	// effect (a client library's retry after a lost reply) returns nil, at
-	// least shortly after the first: package lock would otherwise report
-	// a lease held until its release as lost. Release is also how package
-	// lock undoes an acquire whose outcome it does not know: see Acquire
-	// about tokens released before.
+	// and changes nothing on the lock. Either way the token is dead from
+	// then on (see the package doc). A release sent again after it took
+	// effect (a client library's retry after a lost reply) returns nil for
+	// at least MinDeadTokenTTL after the first: package lock would
+	// otherwise report a lease held until its release as lost. Release is
+	// also how package lock undoes an acquire whose outcome it does not
+	// know: see Acquire about tokens released before.
 	Release(ctx context.Context, key, token string) error
 
 	// Close releases the backend's resources. It does not release held locks;
@@ -314,6 +365,14 @@ type Transferred struct {
 	TTL   time.Duration // as Grant.TTL
 	Next  uint64        // reserved for the owner after to; 0 when none
 }
+
+// MinDeadTokenTTL is the shortest time a store that receives requests out
+// of order keeps a released token dead (see the package doc): longer than
+// the clients of this module's stores take to send a request again after a
+// lost reply (go-redis: three retries of at most 512ms backoff and a 3s
+// read timeout each). A backend whose requests can take longer to reach
+// the store keeps its tokens dead longer.
+const MinDeadTokenTTL = 15 * time.Second
 
 // ErrTransferRefused: Transfer found others waiting for the key.
 var ErrTransferRefused = errors.New("lock: transfer refused: others wait for the key")
