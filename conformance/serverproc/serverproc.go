@@ -6,6 +6,19 @@
 // authors writing a conformance harness (see package conformance), and
 // works on Unix-like systems.
 //
+// The server runs in a process group of its own, and Stop, Continue and
+// Kill signal the whole group: a server with a process per connection
+// (PostgreSQL) or helper processes hangs, answers again and dies as a
+// whole. Its standard output and error go to Log(), a file in its
+// directory, whose end a failing test shows. A server that exits while
+// Start or Restart waits for it to get ready fails the test at once,
+// saying how it exited and what it printed.
+//
+// Ready defaults to dialing the port. A server that accepts connections
+// before it can serve (PostgreSQL while it starts up or recovers: it
+// accepts and then answers "the database system is starting up") needs a
+// Ready that asks it a real question.
+//
 //	p := serverproc.Start(t, []string{"redis-server", "--port", "{port}", "--save", ""})
 //	rdb := goredis.NewClient(&goredis.Options{Addr: p.Addr})
 //	p.Stop()     // the server hangs
@@ -18,6 +31,8 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/user"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -39,6 +54,16 @@ type Options struct {
 	Dir string
 	// Env is added to the process's environment.
 	Env []string
+	// User, when set, runs the server as that user (a name or a numeric
+	// uid; its primary group too), for servers that refuse to run as root
+	// (PostgreSQL). It needs a test run as root, and Dir must be writable
+	// by the user (Start makes a default Dir so).
+	User string
+	// AfterKill, when set, runs after every Kill (and so after the
+	// server's end at the end of the test, and before Restart starts it
+	// again), to free what a killed server leaves behind: shared memory
+	// segments, lock or pid files in Dir. Its error fails the test.
+	AfterKill func(dir string) error
 }
 
 // Process is a server process started by Start.
@@ -51,8 +76,12 @@ type Process struct {
 	argv []string
 	opts Options
 
-	mu  sync.Mutex
-	cmd *exec.Cmd // nil while killed
+	log string // Log()
+
+	mu     sync.Mutex
+	cmd    *exec.Cmd     // nil while killed
+	exited chan struct{} // closed when cmd has exited (waited for)
+	status error         // cmd.Wait's, once exited is closed
 }
 
 // Start starts argv with every PortPlaceholder replaced by a free loopback
@@ -68,6 +97,19 @@ func Start(t testing.TB, argv []string, opts ...Options) *Process {
 	if len(opts) > 0 {
 		o = opts[0]
 	}
+	if o.Dir == "" && o.User != "" {
+		// A directory the user can reach and write in: t.TempDir's
+		// parent is the test's alone.
+		dir, err := os.MkdirTemp("", "serverproc-")
+		if err == nil {
+			err = os.Chmod(dir, 0o777)
+		}
+		if err != nil {
+			t.Fatalf("serverproc: a directory for user %s: %v", o.User, err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		o.Dir = dir
+	}
 	if o.Dir == "" {
 		o.Dir = t.TempDir()
 	}
@@ -78,10 +120,51 @@ func Start(t testing.TB, argv []string, opts ...Options) *Process {
 		o.Ready = dials
 	}
 	port := freePort(t)
-	p := &Process{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Port: port, t: t, argv: argv, opts: o}
+	p := &Process{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Port: port, t: t, argv: argv, opts: o,
+		log: filepath.Join(o.Dir, "serverproc.log")}
+	t.Cleanup(func() {
+		p.Kill()
+		if t.Failed() {
+			t.Logf("serverproc: the end of %s's output (%s):\n%s", p, p.log, p.tail())
+		}
+	})
 	p.start()
-	t.Cleanup(p.Kill)
 	return p
+}
+
+// Log is the file that receives the server's standard output and error,
+// over all its starts.
+func (p *Process) Log() string { return p.log }
+
+// tail returns the last lines of the log, at most 4 KB.
+func (p *Process) tail() string {
+	b, err := os.ReadFile(p.log)
+	if err != nil {
+		return fmt.Sprintf("(unreadable: %v)", err)
+	}
+	if len(b) > 4096 {
+		b = b[len(b)-4096:]
+		if i := strings.IndexByte(string(b), '\n'); i >= 0 {
+			b = b[i+1:]
+		}
+	}
+	return string(b)
+}
+
+// credential returns the credential of Options.User.
+func credential(name string) (*syscall.Credential, error) {
+	u, err := user.Lookup(name)
+	if err != nil {
+		if u, err = user.LookupId(name); err != nil {
+			return nil, fmt.Errorf("user %q: %w", name, err)
+		}
+	}
+	uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
+	gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
+	if err1 != nil || err2 != nil {
+		return nil, fmt.Errorf("user %q: uid %q, gid %q are not numbers", name, u.Uid, u.Gid)
+	}
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 }
 
 func dials(addr string) bool {
@@ -114,41 +197,76 @@ func (p *Process) start() {
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Dir = p.opts.Dir
 	cmd.Env = append(os.Environ(), p.opts.Env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // a signal to the test's group does not reach it
+	// A group of its own: a signal to the test's group does not reach
+	// it, and the package's signals reach every process of the server.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if p.opts.User != "" {
+		cred, err := credential(p.opts.User)
+		if err != nil {
+			p.t.Fatalf("serverproc: starting %v: %v", args, err)
+		}
+		cmd.SysProcAttr.Credential = cred
+	}
+	log, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o666)
+	if err != nil {
+		p.t.Fatalf("serverproc: starting %v: its log: %v", args, err)
+	}
+	defer log.Close() // the process has its own copy
+	fmt.Fprintf(log, "--- serverproc: %s: starting %q\n", time.Now().Format(time.RFC3339Nano), args)
+	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		p.t.Fatalf("serverproc: starting %v: %v", args, err)
 	}
+	exited := make(chan struct{})
 	p.mu.Lock()
-	p.cmd = cmd
+	p.cmd, p.exited = cmd, exited
 	p.mu.Unlock()
+	go func() {
+		err := cmd.Wait()
+		p.mu.Lock()
+		p.status = err
+		p.mu.Unlock()
+		close(exited)
+	}()
 	deadline := time.Now().Add(p.opts.ReadyTimeout)
 	for !p.opts.Ready(p.Addr) {
+		select {
+		case <-exited:
+			p.mu.Lock()
+			status := p.status
+			p.mu.Unlock()
+			p.Kill()
+			p.t.Fatalf("serverproc: %v exited before it was ready on %s (%v); the end of its output (%s):\n%s", args, p.Addr, status, p.log, p.tail())
+		default:
+		}
 		if time.Now().After(deadline) {
 			p.Kill()
-			p.t.Fatalf("serverproc: %v not ready on %s within %v", args, p.Addr, p.opts.ReadyTimeout)
+			p.t.Fatalf("serverproc: %v not ready on %s within %v; the end of its output (%s):\n%s", args, p.Addr, p.opts.ReadyTimeout, p.log, p.tail())
 		}
 		time.Sleep(10 * time.Millisecond) // poll until the server answers
 	}
 }
 
+// signal sends sig to the server's process group.
 func (p *Process) signal(sig syscall.Signal) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.cmd != nil {
-		p.cmd.Process.Signal(sig)
+		syscall.Kill(-p.cmd.Process.Pid, sig)
 	}
 }
 
-// Stop suspends the server with SIGSTOP: connections are accepted by the
-// kernel, nothing is answered, until Continue. On Linux it returns once the
-// process is stopped (a signal is delivered asynchronously).
+// Stop suspends the server with SIGSTOP, sent to its whole process group:
+// connections are accepted by the kernel, nothing is answered, until
+// Continue. On Linux it returns once the main process is stopped (a signal
+// is delivered asynchronously).
 func (p *Process) Stop() {
 	p.signal(syscall.SIGSTOP)
 	p.waitState(true)
 }
 
-// Continue resumes a stopped server with SIGCONT; on Linux it returns once
-// the process runs again.
+// Continue resumes a stopped server with SIGCONT, sent to its whole process
+// group; on Linux it returns once the main process runs again.
 func (p *Process) Continue() {
 	p.signal(syscall.SIGCONT)
 	p.waitState(false)
@@ -181,23 +299,36 @@ func (p *Process) waitState(stopped bool) {
 	}
 }
 
-// Kill kills the server with SIGKILL, as a crash would, and reaps it. It is
-// idempotent.
+// Kill kills the server's whole process group with SIGKILL, as a crash
+// would, reaps the main process, and runs Options.AfterKill. It is
+// idempotent; Restart after Kill starts the server again. A process of the
+// group that left it (a daemon that called setsid) outlives Kill: free it
+// in AfterKill.
 func (p *Process) Kill() {
 	p.mu.Lock()
-	cmd := p.cmd
+	cmd, exited := p.cmd, p.exited
 	p.cmd = nil
 	p.mu.Unlock()
 	if cmd == nil {
 		return
 	}
-	cmd.Process.Signal(syscall.SIGCONT) // a stopped process dies too, but say so
-	cmd.Process.Kill()
-	cmd.Wait()
+	pid := cmd.Process.Pid
+	syscall.Kill(-pid, syscall.SIGCONT) // a stopped process dies too, but say so
+	syscall.Kill(-pid, syscall.SIGKILL)
+	cmd.Process.Kill() // the main process, should it have left the group
+	<-exited
+	if p.opts.AfterKill != nil {
+		if err := p.opts.AfterKill(p.opts.Dir); err != nil {
+			p.t.Errorf("serverproc: cleaning up after %s: %v", p, err)
+		}
+	}
 }
 
-// Restart kills the server and starts it again with the same arguments, on
-// the same port and in the same directory, and waits until it is ready.
+// Restart kills the server (when it runs) and starts it again with the
+// same arguments, on the same port and in the same directory, and waits
+// until it is ready. It fails the test at once when the new server exits
+// before it is ready (a server that finds what its killed predecessor left
+// behind, say: see Options.AfterKill).
 func (p *Process) Restart() {
 	p.t.Helper()
 	p.Kill()
