@@ -73,7 +73,7 @@ func testBreak(t *testing.T, url string) {
 	}
 
 	a := hold(t, c, "job")
-	shown := regexp.MustCompile(`(?m)^job: held by ` + a.Token() + fmt.Sprintf(`, fence %d, (expires in \S+ unless renewed|time left unknown)$`, a.Fence()))
+	shown := regexp.MustCompile(`(?m)^job: held by ` + a.Token() + described + fmt.Sprintf(`, fence %d, (expires in \S+ unless renewed|time left unknown)$`, a.Fence()))
 	for _, answer := range []string{"n\n", "no\n", "yes please\n", "", "\n"} {
 		code, out, stderr := callStdin(t, answer, nil, args("job")...)
 		if code != exitNotBroken || out != "" || !shown.MatchString(stderr) || !strings.Contains(stderr, "remove it? [y/N] ") || !strings.Contains(stderr, "nothing removed") {
@@ -177,8 +177,8 @@ func TestBreakOnBothStoresOfAMove(t *testing.T) {
 	for _, phase := range []int{2, 3} {
 		url := migrateURL(from, to, phase)
 		code, out, stderr := callStdin(t, "n\n", nil, "break", "--backend", url, "job")
-		if code != exitNotBroken || !strings.Contains(stderr, "job: from: held by "+l.Token()+fmt.Sprintf(", fence %d,", fromFence)) ||
-			!strings.Contains(stderr, "job: to: held by "+l.Token()+fmt.Sprintf(", fence %d,", toFence)) {
+		if code != exitNotBroken || !regexp.MustCompile("job: from: held by "+l.Token()+described+fmt.Sprintf(", fence %d,", fromFence)).MatchString(stderr) ||
+			!regexp.MustCompile("job: to: held by "+l.Token()+described+fmt.Sprintf(", fence %d,", toFence)).MatchString(stderr) {
 			t.Errorf("phase %d, answer n: %d, stdout %q, stderr %q; want 1 and each store's holder", phase, code, out, stderr)
 		}
 	}

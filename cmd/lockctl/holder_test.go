@@ -9,6 +9,10 @@ import (
 	"testing"
 )
 
+// described matches the holder's description that status and break print
+// after the token, when the store keeps one: " (HOST PID PROGRAM)".
+const described = `( \([^()\n]*\))?`
+
 // lockctl run stores "HOST PID CMD" (the command's name, not its
 // arguments) as the holder's description, or --holder's text, and
 // lockctl status shows it while the command runs.

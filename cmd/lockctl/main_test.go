@@ -297,7 +297,7 @@ func TestRunOnEtcd(t *testing.T) {
 	url := "etcd://" + etcdtest.Start(t).Addr
 	done := holdJob(t, url)
 	code, out, _ := call(t, nil, "status", "--backend", url, "job")
-	m := regexp.MustCompile(`^job: held by \S+, fence (\d+),`).FindStringSubmatch(out)
+	m := regexp.MustCompile(`^job: held by \S+` + described + `, fence (\d+),`).FindStringSubmatch(out)
 	if code != 0 || m == nil {
 		t.Fatalf("status while held: %d %q; want the holder and its fence", code, out)
 	}

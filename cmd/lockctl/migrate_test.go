@@ -80,8 +80,8 @@ func TestMigrateStatusShowsBothStores(t *testing.T) {
 
 	for _, phase := range []int{2, 3} {
 		code, out, stderr := call(t, nil, "status", "--backend", migrateURL(from, to, phase), "job")
-		want := regexp.MustCompile(`^job: from: held by ` + held + `, fence 4, expires in \S+ unless renewed\n` +
-			`job: to: held by ` + held + `, fence 1, expires in \S+ unless renewed\n$`)
+		want := regexp.MustCompile(`^job: from: held by ` + held + described + `, fence 4, expires in \S+ unless renewed\n` +
+			`job: to: held by ` + held + described + `, fence 1, expires in \S+ unless renewed\n$`)
 		if code != exitOK || !want.MatchString(out) {
 			t.Errorf("status in phase %d: %d, stdout %q, stderr %q; want the holder on each store, From's fence 4, To's 1", phase, code, out, stderr)
 		}
@@ -90,7 +90,7 @@ func TestMigrateStatusShowsBothStores(t *testing.T) {
 	// A key held on From only (a phase 1 instance): To is free.
 	hold(t, plainFrom, "old")
 	code, out, stderr := call(t, nil, "status", "--backend", migrateURL(from, to, 2), "old")
-	if code != exitOK || !regexp.MustCompile(`^old: from: held by \S+, fence 5, expires in .*\nold: to: free\n$`).MatchString(out) {
+	if code != exitOK || !regexp.MustCompile(`^old: from: held by \S+`+described+`, fence 5, expires in .*\nold: to: free\n$`).MatchString(out) {
 		t.Errorf("status of a From-only holder: %d, stdout %q, stderr %q", code, out, stderr)
 	}
 	code, out, _ = call(t, nil, "status", "--backend", migrateURL(from, to, 3), "idle")
@@ -103,7 +103,7 @@ func TestMigrateStatusShowsBothStores(t *testing.T) {
 		url, fence string
 	}{{migrateURL(from, to, 1), "4"}, {from, "4"}, {migrateURL(from, to, 4), "1"}, {to, "1"}} {
 		code, out, stderr := call(t, nil, "status", "--backend", tc.url, "job")
-		want := regexp.MustCompile(`^job: held by ` + held + `, fence ` + tc.fence + `, expires in \S+ unless renewed\n$`)
+		want := regexp.MustCompile(`^job: held by ` + held + described + `, fence ` + tc.fence + `, expires in \S+ unless renewed\n$`)
 		if code != exitOK || !want.MatchString(out) {
 			t.Errorf("status of %s: %d, stdout %q, stderr %q; want one line, fence %s", tc.url, code, out, stderr, tc.fence)
 		}
@@ -127,7 +127,7 @@ func TestMigrateCheckFindsAPhase1Holder(t *testing.T) {
 		t.Fatalf("check with a phase 1 holder: status %d, stdout %q, stderr %q; want 1 and four lines", code, out, stderr)
 	}
 	if !strings.HasPrefix(lines[0], "old: NOT clear: the from store holds it and the to store does not: a phase 1 instance holds it") ||
-		!strings.Contains(lines[0], "(from: held by "+short(old.Token())+", fence 1,") || !strings.HasSuffix(lines[0], "; to: free)") {
+		!regexp.MustCompile(`\(from: held by `+regexp.QuoteMeta(short(old.Token()))+described+`, fence 1,`).MatchString(lines[0]) || !strings.HasSuffix(lines[0], "; to: free)") {
 		t.Errorf("line of the phase 1 holder: %q; want NOT clear, why, and each store's holder", lines[0])
 	}
 	if lines[1] != "both: clear" || lines[2] != "free: clear" {
