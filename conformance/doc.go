@@ -151,14 +151,16 @@
 //     or per connection.
 //
 // FenceAfterIdle:
-//   - Does: takes and releases a key, leaves it idle for twice the latest
-//     expiry of the short TTL, and takes it again.
-//   - Checks: fences keep increasing across an idle gap with no lock on
-//     the key.
+//   - Does: takes and releases a key three times: after an idle gap of
+//     twice the latest expiry of the short TTL, and after one of 2.5s
+//     at least.
+//   - Checks: fences keep increasing across idle gaps with no lock on
+//     the key, also longer than a second.
 //   - Needs: nothing.
-//   - Fails: "fence F after an idle gap of 2 TTLs; the one before was G":
+//   - Fails: "fence F after an idle gap of D; the one before was G":
 //     the counter expires with the lock (kept in a key or row with the
-//     lock's TTL, or purged with it). The counter must outlive the lock.
+//     lock's TTL, or purged with it), or is forgotten after a second or
+//     two idle (a cache, an eviction). The counter must outlive the lock.
 //
 // FenceAfterRestart:
 //   - Does: takes and releases a key five times, restarts the store
@@ -219,7 +221,8 @@
 //     (lock.MaxKeyLen bytes), multi-byte UTF-8 and a NUL byte (each beside
 //     a key that differs only in its last character), "." and "..",
 //     "%2E" and "%2E%2E", "a/../b" and "b", "./c" and "c", "//d" and "d",
-//     "%2F" and "/", "e%2Ff" and "e/f", a key with braces "a{b}" and the
+//     "%2F" and "/", "e%2Ff" and "e/f", "g/" and "g", "h/./" and "h/",
+//     a key with braces "a{b}" and the
 //     hex SHA-1 of it, keys that differ only in case ("Case", "case"), and
 //     keys that differ only in Unicode normalisation (é precomposed and
 //     decomposed, the Angstrom sign and Å). All but ".", "..", "%2E",
@@ -299,7 +302,10 @@
 //     key for max(5 x short, 2s) and renews it; then renews with a
 //     context that ends while the reply is held.
 //   - Checks: a lease's deadline is at most the send time of its acquire
-//     or renew plus its TTL minus package lock's drift allowance (a
+//     or renew plus its TTL minus the drift allowance that package lock
+//     promises by default, 1% of the TTL plus 2ms (written out in the
+//     suite, not taken from lock.DefaultDrift, so that a library build
+//     that changed it does not agree with itself) (a
 //     renewal counting the lease's TTL, not the client's default); a
 //     renewal whose reply comes after its caller gave up does not move
 //     the deadline.

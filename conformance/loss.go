@@ -126,7 +126,7 @@ func (s *suite) renewAfterLoss(t *testing.T) {
 func (s *suite) lostSignal(t *testing.T) {
 	ctx := s.ctx(t)
 	key := s.key(t)
-	drift := max(lock.DefaultDrift(s.short), s.short/4)
+	drift := max(promisedDrift(s.short), s.short/4)
 	ab := s.backend(t)
 	a := s.clientOver(t, ab, lock.WithDrift(drift))
 	l, err := a.TryAcquire(ctx, key, lock.WithTTL(s.short))

@@ -242,29 +242,42 @@ func (s *suite) inspectAfterExpiry(t *testing.T) {
 	}
 }
 
-// fenceAfterIdle: fences keep increasing across an idle gap of several
-// TTLs with no lock on the key.
+// fenceAfterIdle: fences keep increasing across idle gaps with no lock on
+// the key: one of two latest expiries of the short TTL, and one of at
+// least idleGap, longer than a second (a store that forgets its counter,
+// or grants fence 0, after a second or two idle fails).
 func (s *suite) fenceAfterIdle(t *testing.T) {
 	ctx := s.ctx(t)
 	key := s.key(t)
 	c := s.client(t, lock.WithTTL(s.short))
 	var last uint64
-	for i := range 2 {
+	var idle time.Duration
+	for i := range 3 {
+		if i > 0 {
+			began := time.Now()
+			s.waitOutExpiry(s.short)
+			s.waitOutExpiry(s.short)
+			if i == 2 {
+				time.Sleep(idleGap - time.Since(began))
+			}
+			idle = time.Since(began)
+		}
 		l, err := c.TryAcquire(ctx, key)
 		if err != nil {
 			t.Fatalf("TryAcquire: %v", err)
 		}
 		if l.Fence() <= last {
-			t.Fatalf("fence %d after an idle gap of %d TTLs; the one before was %d", l.Fence(), 2*i, last)
+			t.Fatalf("fence %d after an idle gap of %v; the one before was %d", l.Fence(), idle.Round(time.Millisecond), last)
 		}
 		last = l.Fence()
 		if err := l.Release(ctx); err != nil {
 			t.Fatalf("Release: %v", err)
 		}
-		s.waitOutExpiry(s.short)
-		s.waitOutExpiry(s.short)
 	}
 }
+
+// idleGap is FenceAfterIdle's longest idle gap.
+const idleGap = 2500 * time.Millisecond
 
 // keyShapes: the store takes every key package lock accepts and keeps
 // distinct keys apart, also those that a store's escaping, path cleaning,
@@ -299,6 +312,7 @@ func (s *suite) keyShapes(t *testing.T) {
 		".", "..", "%2E", "%2E%2E",
 		p + "/a/../b", p + "/b", p + "/./c", p + "/c", p + "//d", p + "/d",
 		p + "/%2F", p + "//", p + "/e%2Ff", p + "/e/f",
+		p + "/g/", p + "/g", p + "/h/./", p + "/h/",
 		// A key with braces, and the key equal to its SHA-1 in hex (the
 		// Redis backend once stored the first under the second).
 		braced, hex.EncodeToString(sum[:]),

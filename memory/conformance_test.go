@@ -195,6 +195,7 @@ func TestSuiteCatchesFlaws(t *testing.T) {
 		{"label-of-key", []string{"HolderLabel"}, true},
 		{"claims-fifo", []string{"FIFOOrder"}, true},
 		{"forget-fence-idle", []string{"FenceAfterIdle"}, true},
+		{"forget-fence-1s", []string{"FenceAfterIdle"}, true},
 		// A harness without hooks under RequireHooks: the cases that need
 		// them skip, and the run fails saying which.
 		{"no-hooks", []string{"LostSignal", "ReplyLost", "FenceAfterRestart"}, true},
@@ -209,6 +210,7 @@ func TestSuiteCatchesFlaws(t *testing.T) {
 		{"clean-keys", []string{"KeyShapes"}, true},
 		{"deadline-from-reply", []string{"DeadlineFromSend"}, true},
 		{"zero-drift", []string{"DeadlineFromSend"}, true},
+		{"zero-default-drift", []string{"DeadlineFromSend"}, true},
 		{"renew-longer-ttl", []string{"DeadlineFromSend"}, true},
 		{"unknown-renew-is-success", []string{"DeadlineFromSend"}, true},
 		{"short-tokens", []string{"TokenShape"}, true},

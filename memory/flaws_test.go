@@ -170,14 +170,9 @@ func flawSameToken(a, b string) bool {
 		// Capabilities declares FIFO; waiters race newcomers.
 		edits("claims-fifo", "\t\tInProcess:    true,\n", "\t\tInProcess:    true,\n\t\tFIFO: true,\n"),
 		// The fence counter starts again after 300ms without a grant.
-		// lastGrant holds the time of the last grant plus 1ns, 0 before
-		// the first: under virtual time a store's first grant can come
-		// at its time 0.
-		edits("forget-fence-idle",
-			"\tdeadFor atomic.Int64 // time.Duration; see KeepDeadTokens\n",
-			"\tdeadFor atomic.Int64 // time.Duration; see KeepDeadTokens\n\tlastGrant atomic.Int64\n",
-			"func (s *Store) nextFence() uint64 {\n",
-			"func (s *Store) nextFence() uint64 {\n\tnow := s.now()\n\tif last := time.Duration(s.lastGrant.Swap(int64(now) + 1)); last > 0 && now-(last-1) > 300*time.Millisecond {\n\t\ts.fence.Store(0)\n\t}\n"),
+		forgetFenceIdle("forget-fence-idle", "300*time.Millisecond"),
+		// The same after 1s: a gap of a few short TTLs does not find it.
+		forgetFenceIdle("forget-fence-1s", "time.Second"),
 		// Calls wait for a disconnected client or a paused store
 		// regardless of their context.
 		edits("ignores-context",
@@ -214,6 +209,9 @@ func init() {
 	lib("deadline-from-reply", "acquire.go",
 		"\t\t\tg, err = c.b.Acquire(ctx, key, token, cfg.ttl)\n\t\t}\n",
 		"\t\t\tg, err = c.b.Acquire(ctx, key, token, cfg.ttl)\n\t\t}\n\t\tsent = cfg.clock.Now()\n")
+	// The library's default drift allowance changed to nothing: a bound
+	// taken from lock.DefaultDrift would agree with it.
+	lib("zero-default-drift", "options.go", "\treturn ttl/100 + 2*time.Millisecond\n", "\treturn 0\n")
 	// No drift allowance.
 	lib("zero-drift", "validity.go", "validity{ttl: ttl, drift: cfg.driftFor(ttl)}", "validity{ttl: ttl, drift: 0}")
 	// A renewal's deadline counted with the client's default TTL, not the
@@ -253,4 +251,16 @@ func flawByName(name string) (flawpatch.Flaw, bool) {
 	}
 	f, ok := libFlaws[name]
 	return f, ok
+}
+
+// forgetFenceIdle is a store whose fence counter starts again after idle
+// (a Go expression of a time.Duration) without a grant. lastGrant holds
+// the time of the last grant plus 1ns, 0 before the first: under virtual
+// time a store's first grant can come at its time 0.
+func forgetFenceIdle(name, idle string) flawpatch.Flaw {
+	return edits(name,
+		"\tdeadFor atomic.Int64 // time.Duration; see KeepDeadTokens\n",
+		"\tdeadFor atomic.Int64 // time.Duration; see KeepDeadTokens\n\tlastGrant atomic.Int64\n",
+		"func (s *Store) nextFence() uint64 {\n",
+		"func (s *Store) nextFence() uint64 {\n\tnow := s.now()\n\tif last := time.Duration(s.lastGrant.Swap(int64(now) + 1)); last > 0 && now-(last-1) > "+idle+" {\n\t\ts.fence.Store(0)\n\t}\n")
 }
