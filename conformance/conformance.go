@@ -214,6 +214,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness, opts ...Option) {
 		{"LostSignalWhileRenewalsHang", (*suite).lostSignalWhileRenewalsHang, nil, false},
 		{"DeadlineWithinStore", (*suite).deadlineWithinStore, nil, false},
 		{"RetriedAcquire", (*suite).retriedAcquire, nil, false},
+		{"DeadTokens", (*suite).deadTokens, nil, false},
 		// Its load is 16 goroutines that acquire and cancel for a second
 		// of the clock without ever blocking for long: under virtual
 		// time the clock would not move while they spin, and their 0-3ms

@@ -818,6 +818,7 @@ func (b *Backend) releaseOther(ctx context.Context, key, token string) error {
 		return fmt.Errorf("consul: release %q: %w", key, err)
 	}
 	if kv == nil || kv.Session == "" || tokenOf(kv.Value) != token {
+		b.kill(token, false) // a release that finds nothing kills the token too
 		return fmt.Errorf("%w: consul: %q is not held by this token", backend.ErrNotHeld, key)
 	}
 	ok, resp, _, err := b.cli.Txn().Txn(api.TxnOps{
@@ -828,8 +829,10 @@ func (b *Backend) releaseOther(ctx context.Context, key, token string) error {
 	case err != nil:
 		return fmt.Errorf("consul: release %q: %w", key, err)
 	case !ok:
+		b.kill(token, false)
 		return fmt.Errorf("%w: consul: %q changed while it was released: %s", backend.ErrNotHeld, key, txnErrors(resp))
 	}
+	b.kill(token, true)
 	return nil
 }
 

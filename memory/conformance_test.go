@@ -194,6 +194,7 @@ func TestSuiteCatchesFlaws(t *testing.T) {
 		{"label-dropped", []string{"HolderLabel"}, true},
 		{"label-of-key", []string{"HolderLabel"}, true},
 		{"claims-fifo", []string{"FIFOOrder"}, true},
+		{"networked-no-dead-tokens", []string{"DeadTokens"}, true},
 		{"forget-fence-idle", []string{"FenceAfterIdle"}, true},
 		{"forget-fence-1s", []string{"FenceAfterIdle"}, true},
 		// A harness without hooks under RequireHooks: the cases that need

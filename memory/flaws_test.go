@@ -167,6 +167,9 @@ func flawSameToken(a, b string) bool {
 			"sh.locks[key] = entry{token: token, fence: fence, expires: now + ttl, label: backend.Label(ctx)}",
 			"sh.locks[key] = entry{token: token, fence: fence, expires: now + ttl, label: cmp.Or(backend.Label(ctx), sh.locks[key].label)}",
 			"import (\n", "import (\n\t\"cmp\"\n"),
+		// The store says it is not in the process (as a store over a
+		// network) but keeps no released token dead.
+		edits("networked-no-dead-tokens", "\t\tInProcess:    true,\n", "\t\tInProcess:    false,\n"),
 		// Capabilities declares FIFO; waiters race newcomers.
 		edits("claims-fifo", "\t\tInProcess:    true,\n", "\t\tInProcess:    true,\n\t\tFIFO: true,\n"),
 		// The fence counter starts again after 300ms without a grant.

@@ -665,6 +665,15 @@ func (r *Redlock) Acquire(ctx context.Context, key, token string, ttl time.Durat
 		// nodes we lack: a split vote.
 		return backend.Grant{}, fmt.Errorf("redis: redlock: %d of %d nodes granted, %d held by %d other contenders: %w", nGranted, len(r.nodes), len(r.nodes)-nGranted-unknown, len(votes), backend.ErrContended)
 	}
+	for _, err := range first {
+		if err != nil && goredis.HasErrorPrefix(err, "DEAD") {
+			// A node knows the token as released: only a release kills a
+			// token, so this acquire arrived after the release that undid
+			// it (what it took elsewhere is undone above). Bad input, as
+			// on one node (see Dead tokens).
+			return backend.Grant{}, fmt.Errorf("%w: redis: redlock acquire with a token that was released before; a token is for one acquisition: %w", backend.ErrInvalid, r.quorumErr("acquire", nGranted, errs, ctx))
+		}
+	}
 	return backend.Grant{}, r.quorumErr("acquire", nGranted, errs, ctx)
 }
 
