@@ -466,6 +466,25 @@
 //     success that changes nothing). "want a grant or ErrLocked": another
 //     error for a token that already holds the key.
 //
+// DeadTokens:
+//   - Does: on the backend directly, acquires a key and releases it, then
+//     sends an acquire with the released token; releases a token that
+//     never held the key and sends an acquire with it; checks the key is
+//     free after each. A store in the process (Capabilities.InProcess)
+//     receives requests in order and is not asked.
+//   - Checks: a released token stays dead: an acquire that arrives after
+//     its own token's release (its caller gave up, and the undo overtook
+//     it) is refused with an error wrapping ErrInvalid, whether the
+//     release freed the lock or found nothing; a release sent again after
+//     it freed the lock returns nil.
+//   - Needs: nothing (backend.Inspector for the free-key checks).
+//   - Fails: "an acquire that arrived after the release of its own token,
+//     which had freed the lock: <nil>": the store keeps no tombstone of
+//     released tokens (backend doc, dead tokens). "..., which had found it
+//     not holding the lock: <nil>": a release that finds nothing does not
+//     kill the token. Another error than ErrInvalid: the store knows the
+//     token is dead but reports an unknown outcome.
+//
 // CancelUnderLoad (really about requests that arrive out of order):
 //   - Does: 16 goroutines of one client, each on a key of its own, call
 //     Acquire for a second with timeouts of 0 to 3ms, releasing what they
