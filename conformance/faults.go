@@ -121,9 +121,18 @@ func (s *suite) deadlineWithinStore(t *testing.T) {
 
 // acquireLater runs c.Acquire(ctx, key, opts...) on a goroutine of its own
 // and sends its lease (nil on error, reported to t) on the returned channel.
+// The case's end (t's cleanup, also after FailNow) cancels the Acquire and
+// waits for the goroutine, so that it never reports to a finished test.
 func acquireLater(ctx context.Context, t *testing.T, c *lock.Client, key string, opts ...lock.Option) <-chan *lock.Lease {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
 	got := make(chan *lock.Lease, 1)
 	go func() {
+		defer close(done)
 		l, err := c.Acquire(ctx, key, opts...)
 		if err != nil && ctx.Err() == nil { // not when the case is over
 			t.Errorf("Acquire: %v", err)
