@@ -29,8 +29,8 @@ var outsideCaps = backend.Capabilities{MinTTL: 10 * time.Millisecond, ExpiryFact
 type memStore struct {
 	mu    sync.Mutex
 	keys  map[string]*entry
-	dead  map[[2]string]time.Time // {key, released token} -> until
-	later []func()                // handoffs to report outside the mutex
+	dead  map[[2]string]tomb // {key, released token} -> its tombstone
+	later []func()           // handoffs to report outside the mutex
 
 	requests, attempts atomic.Int64
 	queued             chan struct{} // receives (buffered one) when an Attempt queued
@@ -54,7 +54,7 @@ type record struct {
 }
 
 func newStore() *memStore {
-	return &memStore{keys: map[string]*entry{}, dead: map[[2]string]time.Time{}, queued: make(chan struct{}, 1)}
+	return &memStore{keys: map[string]*entry{}, dead: map[[2]string]tomb{}, queued: make(chan struct{}, 1)}
 }
 
 func (s *memStore) NewBackend(context.Context) (backend.Backend, error) {
@@ -86,16 +86,24 @@ func (s *memStore) do(key string, f func(e *entry, now time.Time) error) error {
 	return err
 }
 
+// tomb is a released token's tombstone: until when it is dead, and
+// whether its release freed the lock (a release sent again answers the
+// same).
+type tomb struct {
+	until time.Time
+	held  bool
+}
+
 func (s *memStore) isDead(key, token string, now time.Time) bool {
-	until, ok := s.dead[[2]string{key, token}]
-	return ok && now.Before(until)
+	t, ok := s.dead[[2]string{key, token}]
+	return ok && now.Before(t.until)
 }
 
 // release frees key, held by token: the oldest live record gets the lock,
 // with its expiry and a new fence, and its place hears of it once the
 // mutex is released; with no record, the key's watchers are woken.
 func (s *memStore) release(key string, e *entry, token string, now time.Time) {
-	s.dead[[2]string{key, token}] = now.Add(deadFor)
+	s.dead[[2]string{key, token}] = tomb{until: now.Add(deadFor), held: true}
 	if len(e.queue) == 0 {
 		e.holder = ""
 		for ch := range e.watch {
@@ -211,8 +219,13 @@ func (b *outsideBackend) Release(ctx context.Context, key, token string) error {
 	return b.do(ctx, key, func(e *entry, now time.Time) error {
 		switch {
 		case b.s.isDead(key, token, now):
-			return nil // a release sent again
+			if b.s.dead[[2]string{key, token}].held {
+				return nil // a release sent again after it freed the lock
+			}
+			return backend.ErrNotHeld
 		case !e.held(now) || e.holder != token:
+			// A release that finds nothing kills the token too.
+			b.s.dead[[2]string{key, token}] = tomb{until: now.Add(deadFor)}
 			return backend.ErrNotHeld
 		}
 		b.s.release(key, e, token, now)
