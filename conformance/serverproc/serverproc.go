@@ -258,15 +258,15 @@ func (p *Process) signal(sig syscall.Signal) {
 
 // Stop suspends the server with SIGSTOP, sent to its whole process group:
 // connections are accepted by the kernel, nothing is answered, until
-// Continue. On Linux it returns once the main process is stopped (a signal
-// is delivered asynchronously).
+// Continue. On Linux it returns once every process of the group is
+// stopped (a signal is delivered asynchronously).
 func (p *Process) Stop() {
 	p.signal(syscall.SIGSTOP)
 	p.waitState(true)
 }
 
 // Continue resumes a stopped server with SIGCONT, sent to its whole process
-// group; on Linux it returns once the main process runs again.
+// group; on Linux it returns once no process of the group is stopped.
 func (p *Process) Continue() {
 	p.signal(syscall.SIGCONT)
 	p.waitState(false)
@@ -281,18 +281,18 @@ func (p *Process) waitState(stopped bool) {
 	if cmd == nil {
 		return
 	}
-	path := fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid)
 	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return
+		states := groupStates(cmd.Process.Pid)
+		if states == nil {
+			return // no /proc
 		}
-		// The state follows the command name, which is in parentheses.
-		i := strings.LastIndexByte(string(b), ')')
-		if i < 0 || i+2 >= len(b) {
-			return
+		done := true
+		for _, st := range states {
+			if (st == 'T') != stopped {
+				done = false
+			}
 		}
-		if isStopped := b[i+2] == 'T'; isStopped == stopped {
+		if done {
 			return
 		}
 		time.Sleep(time.Millisecond) // poll /proc until the signal took effect
@@ -300,7 +300,8 @@ func (p *Process) waitState(stopped bool) {
 }
 
 // Kill kills the server's whole process group with SIGKILL, as a crash
-// would, reaps the main process, and runs Options.AfterKill. It is
+// would, reaps the main process, waits (on Linux, up to 5s) until no
+// process of the group runs, and runs Options.AfterKill. It is
 // idempotent; Restart after Kill starts the server again. A process of the
 // group that left it (a daemon that called setsid) outlives Kill: free it
 // in AfterKill.
@@ -317,6 +318,7 @@ func (p *Process) Kill() {
 	syscall.Kill(-pid, syscall.SIGKILL)
 	cmd.Process.Kill() // the main process, should it have left the group
 	<-exited
+	waitGroupGone(pid)
 	if p.opts.AfterKill != nil {
 		if err := p.opts.AfterKill(p.opts.Dir); err != nil {
 			p.t.Errorf("serverproc: cleaning up after %s: %v", p, err)
@@ -348,3 +350,49 @@ func (p *Process) Dir() string { return p.opts.Dir }
 
 // String describes the process for messages.
 func (p *Process) String() string { return fmt.Sprintf("%s on %s", p.argv[0], p.Addr) }
+
+// waitGroupGone waits, up to 5s, until /proc shows no live process (other
+// than a zombie) in process group pgid: a SIGKILL is delivered
+// asynchronously, and a process of a server that still runs holds its
+// port and files. Where there is no /proc it returns at once.
+func waitGroupGone(pgid int) {
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+		if len(groupStates(pgid)) == 0 {
+			return
+		}
+		time.Sleep(5 * time.Millisecond) // poll /proc until the kernel tore them down
+	}
+}
+
+// groupStates returns the state letter ('R', 'S', 'T', ...) of every live
+// process (not a zombie) in process group pgid, as /proc shows them: an
+// empty slice when there is none, nil when there is no /proc.
+func groupStates(pgid int) []byte {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	states := []byte{}
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue // gone meanwhile
+		}
+		// After the command name in parentheses: state, ppid, pgrp.
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) < 3 || f[0] == "Z" || f[0] == "X" {
+			continue
+		}
+		if g, err := strconv.Atoi(f[2]); err == nil && g == pgid {
+			states = append(states, f[0][0])
+		}
+	}
+	return states
+}
