@@ -122,11 +122,7 @@ func TestLabelAcquireInspectRelease(t *testing.T) {
 // holder key of another token (which the scripts never leave beside a
 // lock) shows no label, never another holder's.
 func TestLabelInspectChecksTheToken(t *testing.T) {
-	srv := redistest.Start(t, redistest.NoPersistence)
-	rdb := newGoRedis(t, srv.Addr)
-	b := redis.New(rdb)
-	defer b.Close()
-	ctx := context.Background()
+	b, rdb, ctx := labelServer(t)
 	tok := queuetest.NewToken()
 	if _, err := b.Acquire(ctx, "k", tok, 10*time.Second); err != nil {
 		t.Fatal(err)
@@ -154,11 +150,7 @@ func TestLabelInspectChecksTheToken(t *testing.T) {
 // Renewals keep the holder key alive as long as the lock: one by one and
 // batched (RenewBatch), the label is still there after several TTLs.
 func TestLabelRenewalKeepsIt(t *testing.T) {
-	srv := redistest.Start(t, redistest.NoPersistence)
-	rdb := newGoRedis(t, srv.Addr)
-	b := redis.New(rdb)
-	defer b.Close()
-	ctx := context.Background()
+	b, rdb, ctx := labelServer(t)
 	const ttl = 500 * time.Millisecond
 	toks := []string{queuetest.NewToken(), queuetest.NewToken(), queuetest.NewToken()}
 	keys := []string{"single", "batch1", "batch2"}
@@ -195,11 +187,7 @@ func TestLabelRenewalKeepsIt(t *testing.T) {
 // shows no label (the record carries none; see label.go), never the
 // releasing holder's, and the release leaves no holder key.
 func TestLabelQueue(t *testing.T) {
-	srv := redistest.Start(t, redistest.NoPersistence)
-	rdb := newGoRedis(t, srv.Addr)
-	b := redis.New(rdb)
-	defer b.Close()
-	ctx := context.Background()
+	b, rdb, ctx := labelServer(t)
 	ttl := 10 * time.Second
 
 	q, err := b.Queue("k")
@@ -255,11 +243,7 @@ func TestLabelQueue(t *testing.T) {
 // A transfer stores the label of the token it gives the lock to, or,
 // without one, deletes the previous holder's.
 func TestLabelTransfer(t *testing.T) {
-	srv := redistest.Start(t, redistest.NoPersistence)
-	rdb := newGoRedis(t, srv.Addr)
-	b := redis.New(rdb)
-	defer b.Close()
-	ctx := context.Background()
+	b, rdb, ctx := labelServer(t)
 	ttl := 10 * time.Second
 	from := queuetest.NewToken()
 	if _, err := b.Acquire(backend.WithLabel(ctx, "first"), "k", from, ttl); err != nil {
@@ -349,11 +333,7 @@ func TestLabelRedlock(t *testing.T) {
 // there after more than that span), a release deletes it, and so does the
 // rule that a lock whose session ended is free.
 func TestLabelSessions(t *testing.T) {
-	srv := redistest.Start(t, redistest.NoPersistence)
-	rdb := newGoRedis(t, srv.Addr)
-	b := redis.New(rdb, redis.WithSessions(true))
-	defer b.Close()
-	ctx := context.Background()
+	b, rdb, ctx := labelServer(t, redis.WithSessions(true))
 	const ttl = 200 * time.Millisecond
 	prefix, err := b.TokenPrefix(ttl)
 	if err != nil || !strings.HasPrefix(prefix, "S") {
@@ -450,4 +430,15 @@ func TestLabelAcquireSentAgain(t *testing.T) {
 			return err
 		})
 	})
+}
+
+// labelServer starts a Redis server for a label test and returns a
+// backend over it (closed at the test's end), its client and a context.
+func labelServer(t *testing.T, opts ...redis.Option) (*redis.Backend, *goredis.Client, context.Context) {
+	t.Helper()
+	srv := redistest.Start(t, redistest.NoPersistence)
+	rdb := newGoRedis(t, srv.Addr)
+	b := redis.New(rdb, opts...)
+	t.Cleanup(func() { b.Close() })
+	return b, rdb, context.Background()
 }
