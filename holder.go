@@ -78,16 +78,24 @@ func checkHolder(s string) error {
 func DefaultHolder() string { return defaultHolder() }
 
 var defaultHolder = sync.OnceValue(func() string {
-	host, err := os.Hostname()
-	if err != nil || host == "" {
-		host = "unknown-host"
-	}
 	prog := "unknown-program"
 	if len(os.Args) > 0 && os.Args[0] != "" {
 		prog = filepath.Base(os.Args[0])
 	}
-	return SanitizeHolder(host + " " + strconv.Itoa(os.Getpid()) + " " + prog)
+	return HolderFor(prog)
 })
+
+// HolderFor returns the holder description "HOST PID PROGRAM" for this
+// host and process, naming program (DefaultHolder names this program;
+// a tool that holds a lock for a command it runs names the command),
+// made valid by SanitizeHolder.
+func HolderFor(program string) string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown-host"
+	}
+	return SanitizeHolder(host + " " + strconv.Itoa(os.Getpid()) + " " + program)
+}
 
 // SanitizeHolder makes s a valid holder description (see WithHolder): it
 // replaces invalid UTF-8 and control characters with '?' and cuts the

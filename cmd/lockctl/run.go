@@ -277,13 +277,7 @@ func (e *environment) runHolding(ctx context.Context, l *lock.Lease, command []s
 // host, lockctl's pid (the process that holds the lock) and the command's
 // base name, without its arguments: they may carry secrets, and anyone who
 // can read the store reads the description.
-func runHolder(path string) string {
-	host, err := os.Hostname()
-	if err != nil || host == "" {
-		host = "unknown-host"
-	}
-	return lock.SanitizeHolder(host + " " + strconv.Itoa(os.Getpid()) + " " + filepath.Base(path))
-}
+func runHolder(path string) string { return lock.HolderFor(filepath.Base(path)) }
 
 // status: lockctl status [--backend URL | --backend-file PATH] KEY
 //
