@@ -7,9 +7,11 @@
 // works on Unix-like systems.
 //
 // The server runs in a process group of its own, and Stop, Continue and
-// Kill signal the whole group: a server with a process per connection
-// (PostgreSQL) or helper processes hangs, answers again and dies as a
-// whole. Its standard output and error go to Log(), a file in its
+// Kill signal the whole group and, on Linux, every descendant of the main
+// process found through /proc, also those that left the group (setsid):
+// a server with a process per connection (PostgreSQL, whose backends call
+// setsid) or helper processes hangs, answers again and dies as a whole.
+// Its standard output and error go to Log(), a file in its
 // directory, whose end a failing test shows. A server that exits while
 // Start or Restart waits for it to get ready fails the test at once,
 // saying how it exited and what it printed.
@@ -247,64 +249,105 @@ func (p *Process) start() {
 	}
 }
 
-// signal sends sig to the server's process group.
-func (p *Process) signal(sig syscall.Signal) {
+// mainPid returns the server's main process id, or 0 when it is not running.
+func (p *Process) mainPid() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.cmd != nil {
-		syscall.Kill(-p.cmd.Process.Pid, sig)
+	if p.cmd == nil {
+		return 0
 	}
+	return p.cmd.Process.Pid
 }
 
-// Stop suspends the server with SIGSTOP, sent to its whole process group:
-// connections are accepted by the kernel, nothing is answered, until
-// Continue. On Linux it returns once every process of the group is
-// stopped (a signal is delivered asynchronously).
+// Stop suspends the server with SIGSTOP: connections are accepted by the
+// kernel, nothing is answered, until Continue. It stops the main process
+// first, so that it forks nothing new, then its process group and every
+// descendant of the main process (on Linux, from /proc: also those that
+// left the group, as PostgreSQL's backends do), and returns once all of
+// them are stopped (a signal is delivered asynchronously). Where there is
+// no /proc it signals the group and returns.
 func (p *Process) Stop() {
-	p.signal(syscall.SIGSTOP)
-	p.waitState(true)
-}
-
-// Continue resumes a stopped server with SIGCONT, sent to its whole process
-// group; on Linux it returns once no process of the group is stopped.
-func (p *Process) Continue() {
-	p.signal(syscall.SIGCONT)
-	p.waitState(false)
-}
-
-// waitState waits, up to a second, until /proc says the process is stopped
-// (or not). Where there is no /proc it returns at once.
-func (p *Process) waitState(stopped bool) {
-	p.mu.Lock()
-	cmd := p.cmd
-	p.mu.Unlock()
-	if cmd == nil {
-		return
+	if pid := p.mainPid(); pid != 0 {
+		stopAll(pid)
 	}
-	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); {
-		states := groupStates(cmd.Process.Pid)
-		if states == nil {
-			return // no /proc
-		}
+}
+
+// stopAll stops the server whose main process is pid (see Stop) and
+// returns the processes it stopped, main included; nil where there is no
+// /proc.
+func stopAll(pid int) map[int]byte {
+	syscall.Kill(pid, syscall.SIGSTOP)
+	// The main process first: once it is stopped, nothing it forks can
+	// escape the walk below.
+	waitUntil(func() bool {
+		m := members(pid)
+		st, ok := m[pid]
+		return m == nil || !ok || stopped(st)
+	})
+	syscall.Kill(-pid, syscall.SIGSTOP)
+	var last map[int]byte
+	waitUntil(func() bool {
+		last = members(pid)
 		done := true
-		for _, st := range states {
-			if (st == 'T') != stopped {
+		for q, st := range last {
+			if !stopped(st) {
+				// Again and again: one that a descendant forked
+				// meanwhile shows up in the next walk.
+				syscall.Kill(q, syscall.SIGSTOP)
 				done = false
 			}
 		}
-		if done {
-			return
+		return done
+	})
+	return last
+}
+
+// Continue resumes a stopped server with SIGCONT, in the reverse order of
+// Stop: the descendants of the main process and its process group first,
+// the main process last. On Linux it returns once none of them is
+// stopped.
+func (p *Process) Continue() {
+	pid := p.mainPid()
+	if pid == 0 {
+		return
+	}
+	for q := range members(pid) {
+		if q != pid {
+			syscall.Kill(q, syscall.SIGCONT)
 		}
-		time.Sleep(time.Millisecond) // poll /proc until the signal took effect
+	}
+	syscall.Kill(pid, syscall.SIGCONT)
+	syscall.Kill(-pid, syscall.SIGCONT) // where there is no /proc
+	waitUntil(func() bool {
+		done := true
+		for q, st := range members(pid) {
+			if stopped(st) {
+				syscall.Kill(q, syscall.SIGCONT)
+				done = false
+			}
+		}
+		return done
+	})
+}
+
+func stopped(state byte) bool { return state == 'T' || state == 't' }
+
+// waitUntil polls cond, up to a second, until it holds.
+func waitUntil(cond func() bool) {
+	for deadline := time.Now().Add(time.Second); !cond() && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond) // poll /proc until the signals took effect
 	}
 }
 
-// Kill kills the server's whole process group with SIGKILL, as a crash
-// would, reaps the main process, waits (on Linux, up to 5s) until no
-// process of the group runs, and runs Options.AfterKill. It is
-// idempotent; Restart after Kill starts the server again. A process of the
-// group that left it (a daemon that called setsid) outlives Kill: free it
-// in AfterKill.
+// Kill kills the server with SIGKILL, as a crash would: it stops it first
+// (see Stop), so that no process forks another meanwhile, then kills the
+// main process, its process group and every descendant of the main
+// process (also those that left the group: setsid), reaps the main
+// process, waits (on Linux, up to 5s) until none of them runs, and runs
+// Options.AfterKill. It is idempotent; Restart after Kill starts the
+// server again. A process that a descendant started and that left the
+// server before Kill (its parent exited, so that it no longer descends
+// from the main process) is not found: free it in AfterKill.
 func (p *Process) Kill() {
 	p.mu.Lock()
 	cmd, exited := p.cmd, p.exited
@@ -314,11 +357,14 @@ func (p *Process) Kill() {
 		return
 	}
 	pid := cmd.Process.Pid
-	syscall.Kill(-pid, syscall.SIGCONT) // a stopped process dies too, but say so
+	all := stopAll(pid)
 	syscall.Kill(-pid, syscall.SIGKILL)
 	cmd.Process.Kill() // the main process, should it have left the group
+	for q := range all {
+		syscall.Kill(q, syscall.SIGKILL)
+	}
 	<-exited
-	waitGroupGone(pid)
+	waitGone(pid, all)
 	if p.opts.AfterKill != nil {
 		if err := p.opts.AfterKill(p.opts.Dir); err != nil {
 			p.t.Errorf("serverproc: cleaning up after %s: %v", p, err)
@@ -351,30 +397,46 @@ func (p *Process) Dir() string { return p.opts.Dir }
 // String describes the process for messages.
 func (p *Process) String() string { return fmt.Sprintf("%s on %s", p.argv[0], p.Addr) }
 
-// waitGroupGone waits, up to 5s, until /proc shows no live process (other
-// than a zombie) in process group pgid: a SIGKILL is delivered
-// asynchronously, and a process of a server that still runs holds its
-// port and files. Where there is no /proc it returns at once.
-func waitGroupGone(pgid int) {
+// waitGone waits, up to 5s, until /proc shows no live process (other
+// than a zombie) in process group pgid, nor any of the processes in pids:
+// a SIGKILL is delivered asynchronously, and a process of a server that
+// still runs holds its port and files. Where there is no /proc it returns
+// at once.
+func waitGone(pgid int, pids map[int]byte) {
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
-		if len(groupStates(pgid)) == 0 {
+		table := procs()
+		left := false
+		for q, pr := range table {
+			if _, ok := pids[q]; (ok || pr.pgrp == pgid) && pr.live() {
+				left = true
+			}
+		}
+		if !left {
 			return
 		}
 		time.Sleep(5 * time.Millisecond) // poll /proc until the kernel tore them down
 	}
 }
 
-// groupStates returns the state letter ('R', 'S', 'T', ...) of every live
-// process (not a zombie) in process group pgid, as /proc shows them: an
-// empty slice when there is none, nil when there is no /proc.
-func groupStates(pgid int) []byte {
+// proc is what /proc/PID/stat says of a process.
+type proc struct {
+	state      byte // 'R', 'S', 'T', 'Z', ...
+	ppid, pgrp int
+}
+
+func (p proc) live() bool { return p.state != 'Z' && p.state != 'X' }
+
+// procs reads every process's state, parent and process group from
+// /proc; nil where there is no /proc.
+func procs() map[int]proc {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
 	}
-	states := []byte{}
+	table := map[int]proc{}
 	for _, e := range ents {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
 			continue
 		}
 		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
@@ -387,12 +449,51 @@ func groupStates(pgid int) []byte {
 			continue
 		}
 		f := strings.Fields(string(b[i+1:]))
-		if len(f) < 3 || f[0] == "Z" || f[0] == "X" {
+		if len(f) < 3 {
 			continue
 		}
-		if g, err := strconv.Atoi(f[2]); err == nil && g == pgid {
-			states = append(states, f[0][0])
+		ppid, err1 := strconv.Atoi(f[1])
+		pgrp, err2 := strconv.Atoi(f[2])
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		table[pid] = proc{state: f[0][0], ppid: ppid, pgrp: pgrp}
+	}
+	return table
+}
+
+// members returns the state of every live process (not a zombie) of the
+// server whose main process is pid: pid itself, the processes of its
+// process group, and every descendant of pid, following parent links, also
+// those that left the group (setsid). It is an empty map when none is
+// left, nil where there is no /proc.
+func members(pid int) map[int]byte {
+	table := procs()
+	if table == nil {
+		return nil
+	}
+	children := map[int][]int{}
+	for q, pr := range table {
+		children[pr.ppid] = append(children[pr.ppid], q)
+	}
+	in := map[int]bool{}
+	for q, pr := range table {
+		if pr.pgrp == pid {
+			in[q] = true
 		}
 	}
-	return states
+	for queue := []int{pid}; len(queue) > 0; queue = queue[1:] {
+		q := queue[0]
+		if _, ok := table[q]; ok {
+			in[q] = true
+		}
+		queue = append(queue, children[q]...)
+	}
+	m := map[int]byte{}
+	for q := range in {
+		if table[q].live() {
+			m[q] = table[q].state
+		}
+	}
+	return m
 }

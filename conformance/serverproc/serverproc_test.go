@@ -9,9 +9,11 @@ import (
 	"os/user"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -32,6 +34,11 @@ const (
 	failArg  = "-serverproc.fail"
 )
 
+// setsidArg, after forkArg's port, makes the child leave the server's
+// process group and session (setsid) before it serves, as PostgreSQL's
+// backends do.
+const setsidArg = "-serverproc.setsid"
+
 func TestMain(m *testing.M) {
 	for _, a := range os.Args[1:] {
 		if port, ok := strings.CutPrefix(a, serveArg); ok {
@@ -40,10 +47,16 @@ func TestMain(m *testing.M) {
 		}
 		if port, ok := strings.CutPrefix(a, forkArg); ok {
 			fmt.Println("server starting") // written before the port listens
-			fork(listen(port))
+			fork(listen(port), slices.Contains(os.Args, setsidArg))
 			return
 		}
 		if a == childArg {
+			if slices.Contains(os.Args, setsidArg) {
+				if _, err := syscall.Setsid(); err != nil {
+					fmt.Fprintln(os.Stderr, "setsid:", err)
+					os.Exit(1)
+				}
+			}
 			ln, err := net.FileListener(os.NewFile(3, "listener"))
 			if err != nil {
 				fmt.Fprintln(os.Stderr, err)
@@ -69,8 +82,9 @@ func listen(port string) net.Listener {
 	return ln
 }
 
-// fork serves ln from a child process and waits for it.
-func fork(ln net.Listener) {
+// fork serves ln from a child process and waits for it; with setsid the
+// child calls setsid before it serves.
+func fork(ln net.Listener, setsid bool) {
 	f, err := ln.(*net.TCPListener).File()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -78,6 +92,9 @@ func fork(ln net.Listener) {
 	}
 	ln.Close() // the child serves; the parent answers nothing
 	cmd := exec.Command(os.Args[0], childArg)
+	if setsid {
+		cmd.Args = append(cmd.Args, setsidArg)
+	}
 	cmd.ExtraFiles = []*os.File{f}
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
@@ -189,6 +206,48 @@ func TestSignalsReachTheWholeGroup(t *testing.T) {
 		t.Fatalf("AfterKill ran with %q; want once, with %q", cleaned, p.Dir())
 	}
 	p.Restart() // after Kill: starts it again
+	if err := ask(p.Addr, 5*time.Second); err != nil {
+		t.Fatalf("a server restarted after Kill: %v", err)
+	}
+}
+
+// A child that left the server's process group and session (setsid, as
+// PostgreSQL's backends do) hangs, answers again and dies with the
+// server too: Stop, Continue and Kill reach the main process's
+// descendants. With signals to the group alone, the child answers while
+// "stopped" and outlives Kill, keeping the port.
+func TestSignalsReachDescendantsThatLeftTheGroup(t *testing.T) {
+	if _, err := os.Stat("/proc/self/stat"); err != nil {
+		t.Skip("needs /proc to find the server's descendants")
+	}
+	p := serverproc.Start(t, []string{os.Args[0], forkArg + serverproc.PortPlaceholder, setsidArg})
+	if err := ask(p.Addr, 5*time.Second); err != nil {
+		t.Fatalf("a started server: %v", err)
+	}
+	child := childPid(t, p)
+	t.Cleanup(func() { syscall.Kill(child, syscall.SIGKILL) }) // should the test fail
+	b, _ := os.ReadFile("/proc/" + strconv.Itoa(child) + "/stat")
+	if _, after, _ := strings.Cut(string(b), ") "); len(strings.Fields(after)) < 3 || strings.Fields(after)[2] != strconv.Itoa(child) {
+		t.Fatalf("the child %d did not call setsid (it does not lead its own process group): %s", child, b)
+	}
+	for round := range 2 {
+		p.Stop()
+		if err := ask(p.Addr, 300*time.Millisecond); err == nil {
+			t.Fatalf("round %d: the child of a stopped server, which left its group, answered", round)
+		}
+		p.Continue()
+		if err := ask(p.Addr, 5*time.Second); err != nil {
+			t.Fatalf("round %d: a continued server: %v", round, err)
+		}
+	}
+	p.Kill()
+	if err := ask(p.Addr, time.Second); err == nil {
+		t.Fatal("the child of a killed server, which left its group, answered")
+	}
+	if b, err := os.ReadFile("/proc/" + strconv.Itoa(child) + "/stat"); err == nil && !strings.Contains(string(b), ") Z") {
+		t.Fatalf("the child %d of a killed server, which left its group, still runs: %s", child, b)
+	}
+	p.Restart()
 	if err := ask(p.Addr, 5*time.Second); err != nil {
 		t.Fatalf("a server restarted after Kill: %v", err)
 	}
