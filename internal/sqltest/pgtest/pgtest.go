@@ -221,3 +221,55 @@ func freePort(t testing.TB) int {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
 }
+
+// Cluster is a PostgreSQL cluster initialised by InitDB, for a server
+// that the test starts on its own (with conformance/serverproc, say).
+type Cluster struct {
+	Bin  string // the directory of postgres and initdb
+	Dir  string // a directory the server's user owns: run the server in it
+	Data string // the data directory, Dir/data
+	// User to run postgres as: "nobody" when the test runs as root
+	// (postgres refuses root), "" otherwise.
+	User string
+}
+
+// InitDB finds the binaries (as Start does), makes a directory that the
+// server's user owns, removed at the end of the test, and runs initdb
+// into its subdirectory data: superuser postgres, trust authentication,
+// UTF8, locale C.
+func InitDB(t testing.TB) Cluster {
+	t.Helper()
+	c := Cluster{Bin: postgresBin(t)}
+	dir, err := os.MkdirTemp("", "pgtest-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	c.Dir, c.Data = dir, filepath.Join(dir, "data")
+	if os.Geteuid() == 0 {
+		cred := nobody(t)
+		if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
+			t.Fatal(err)
+		}
+		c.User = "nobody"
+	}
+	c.Reinit(t)
+	return c
+}
+
+// Reinit removes the data directory, if any, and runs initdb again: for a
+// restart that loses the data. The server must not run.
+func (c Cluster) Reinit(t testing.TB) {
+	t.Helper()
+	if err := os.RemoveAll(c.Data); err != nil {
+		t.Fatal(err)
+	}
+	initdb := exec.Command(filepath.Join(c.Bin, "initdb"), "-D", c.Data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync")
+	initdb.Dir, initdb.Env = c.Dir, []string{"PATH=" + os.Getenv("PATH"), "LC_ALL=C", "TZ=UTC"}
+	if c.User != "" {
+		initdb.SysProcAttr = &syscall.SysProcAttr{Credential: nobody(t)}
+	}
+	if out, err := initdb.CombinedOutput(); err != nil {
+		t.Fatalf("initdb: %v\n%s", err, out)
+	}
+}
