@@ -82,6 +82,17 @@ type Restarter interface {
 	Restart(ctx context.Context, keepData bool) error
 }
 
+// Evicter is an optional Harness hook: the store loses the lock on key as
+// its own expiry or an eviction would (a key evicted under memory
+// pressure, a write lost in a failover), with no release: the holder's
+// token stays alive, so that its next renewal finds the key free, and an
+// Acquire with that token could take the key again. (A release from
+// outside, as StoreLosesLock sends, kills the token.) The store's other
+// state (fence counters, waiters) stays as an expiry leaves it.
+type Evicter interface {
+	Evict(ctx context.Context, key string) error
+}
+
 // SQLResourcer is an optional Harness hook: a SQL database in which the
 // fault runs keep a second fenced resource, a fence.Table (created there,
 // named lock_conformance_fences) written through Apply in transactions of
@@ -195,6 +206,8 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness, opts ...Option) {
 		{"KeyShapes", (*suite).keyShapes, nil, false},
 		{"ReleaseAfterExpiry", (*suite).releaseAfterExpiry, nil, false},
 		{"WakeOnRelease", (*suite).wakeOnRelease, nil, false},
+		{"WatchBeforeRelease", (*suite).watchBeforeRelease, nil, false},
+		{"HandoverTTLs", (*suite).handoverTTLs, nil, false},
 		{"FIFOOrder", (*suite).fifoOrder, nil, false},
 		{"HotKeyRequests", (*suite).hotKeyRequests, nil, false},
 		{"InspectAfterExpiry", (*suite).inspectAfterExpiry, nil, false},
@@ -204,6 +217,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness, opts ...Option) {
 		{"SeveralTTLs", (*suite).severalTTLs, nil, false},
 		{"DeadlineFromSend", (*suite).deadlineFromSend, nil, false},
 		{"StoreLosesLock", (*suite).storeLosesLock, nil, false},
+		{"LockEvicted", (*suite).lockEvicted, nil, false},
 		{"CancelInQueue", (*suite).cancelInQueue, nil, false},
 		{"RenewAfterLoss", (*suite).renewAfterLoss, nil, false},
 		{"Extend", (*suite).extend, nil, false},
@@ -230,7 +244,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness, opts ...Option) {
 	}
 	if transfers {
 		// Only for stores that can pass a lock between owners.
-		cases = append(cases[:1], append([]kase{{"Transfer", (*suite).transfer, nil, false}, {"HandoverFails", (*suite).handoverFails, nil, false}}, cases[1:]...)...)
+		cases = append(cases[:1], append([]kase{{"Transfer", (*suite).transfer, nil, false}, {"HandoverFails", (*suite).handoverFails, nil, false}, {"HandoverLostOnTheWay", (*suite).handoverLostOnTheWay, nil, false}}, cases[1:]...)...)
 	}
 	var skipped []string
 	for _, c := range cases {

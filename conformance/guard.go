@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"testing"
 	"time"
 
 	"github.com/distlock/lock/backend"
@@ -20,6 +22,44 @@ type guard struct {
 	kase   string
 	grace  time.Duration
 	locked chan struct{} // receives (buffered one) when an Acquire returned ErrLocked
+
+	mu    sync.Mutex
+	hooks interceptors
+}
+
+// interceptors are a case's hooks into the calls through one guard, to put
+// an event of its own at an exact point of package lock's requests. Each
+// runs in the caller's goroutine, before the call is forwarded (or after it
+// returned), and must return once ctx ends.
+type interceptors struct {
+	// transfer runs before a Transfer is forwarded.
+	transfer func(ctx context.Context, opt backend.TransferOptions)
+	// waiting runs when a waiter starts to wait: before a Watch is
+	// forwarded, and after a Queue.Acquire returned ErrLocked (the store
+	// queued the waiter, which then waits on its place).
+	waiting func(ctx context.Context)
+}
+
+// intercept sets the hooks of the guard of b (a backend from
+// suite.backend) until the case ends.
+func intercept(t *testing.T, b backend.Backend, hooks interceptors) {
+	g := b.(interface{ guardOf() *guard }).guardOf()
+	g.mu.Lock()
+	g.hooks = hooks
+	g.mu.Unlock()
+	t.Cleanup(func() {
+		g.mu.Lock()
+		g.hooks = interceptors{}
+		g.mu.Unlock()
+	})
+}
+
+func (g *guard) guardOf() *guard { return g }
+
+func (g *guard) interceptors() interceptors {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.hooks
 }
 
 // call starts watching one call of op; the returned function ends it.
@@ -88,6 +128,9 @@ type guardWatch struct{ g *guard }
 
 func (w guardWatch) Watch(ctx context.Context, key string) (backend.Watch, error) {
 	defer w.g.call(ctx, "Watch")()
+	if f := w.g.interceptors().waiting; f != nil {
+		f(ctx)
+	}
 	return w.g.b.(backend.Notifier).Watch(ctx, key)
 }
 
@@ -119,6 +162,9 @@ func (p guardPlace) Acquire(ctx context.Context, token string, ttl time.Duration
 		case p.g.locked <- struct{}{}:
 		default:
 		}
+		if f := p.g.interceptors().waiting; f != nil {
+			f(ctx)
+		}
 	}
 	return gr, err
 }
@@ -134,6 +180,9 @@ type guardTransfer struct{ g *guard }
 
 func (x guardTransfer) Transfer(ctx context.Context, key, from, to string, ttl time.Duration, opt backend.TransferOptions) (backend.Transferred, error) {
 	defer x.g.call(ctx, "Transfer")()
+	if f := x.g.interceptors().transfer; f != nil {
+		f(ctx, opt)
+	}
 	return x.g.b.(backend.Transferer).Transfer(ctx, key, from, to, ttl, opt)
 }
 

@@ -44,6 +44,7 @@ var (
 	_ conformance.Disconnecter = harness{}
 	_ conformance.Restarter    = harness{}
 	_ conformance.ReplyHolder  = harness{}
+	_ conformance.Evicter      = harness{}
 )
 
 func (h harness) NewBackend(context.Context) (backend.Backend, error) { return h.s.NewBackend(), nil }
@@ -75,6 +76,11 @@ func (h harness) DeliverReplies(_ context.Context, b backend.Backend) error {
 
 func (h harness) DropReplies(_ context.Context, b backend.Backend) error {
 	b.(*Backend).DropReplies()
+	return nil
+}
+
+func (h harness) Evict(_ context.Context, key string) error {
+	h.s.Evict(key)
 	return nil
 }
 
@@ -216,6 +222,10 @@ func TestSuiteCatchesFlaws(t *testing.T) {
 		{"unknown-renew-is-success", []string{"DeadlineFromSend"}, true},
 		{"short-tokens", []string{"TokenShape"}, true},
 		{"scheduler-no-rearm", []string{"SeveralTTLs"}, true},
+		{"watchdog-reacquires", []string{"LockEvicted"}, true},
+		{"no-recheck-after-watch", []string{"WatchBeforeRelease"}, true},
+		{"transfer-keeps-expiry-networked", []string{"HandoverTTLs"}, true},
+		{"handed-ignores-prev-networked", []string{"HandoverLostOnTheWay"}, true},
 	}
 	for name := range flawNames() {
 		if !slices.ContainsFunc(cases, func(c flawCase) bool { return c.flaw == name }) {

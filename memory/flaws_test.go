@@ -226,6 +226,16 @@ func init() {
 	lib("unknown-renew-is-success", "renew.go",
 		"\t\tl.wd.lastErr = err\n\t\treturn wrap(\"renew\", l.key, err)\n",
 		"\t\tl.wd.lastErr = err\n\t\tl.extendLocked(sent, g.TTL)\n\t\treturn wrap(\"renew\", l.key, err)\n")
+	// A renewal that finds the key free takes it again with the lease's
+	// token, and the lease goes on.
+	lib("watchdog-reacquires", "renew.go",
+		"\t\tif errors.Is(err, ErrNotHeld) {\n\t\t\tl.endLocked(stateLost,",
+		"\t\tif _, aerr := l.c.b.Acquire(ctx, l.key, l.token, l.v.ttl); errors.Is(err, ErrNotHeld) && aerr == nil {\n\t\t\tl.extendLocked(sent, 0)\n\t\t\treturn nil\n\t\t}\n\t\tif errors.Is(err, ErrNotHeld) {\n\t\t\tl.endLocked(stateLost,")
+	// A waiter whose watch begins waits without trying again: a release
+	// just before the watch began goes unnoticed.
+	lib("no-recheck-after-watch", "acquire.go",
+		"\t\t\t\twatch = w\n\t\t\t\tcontinue // the key may have been freed before the watch began\n",
+		"\t\t\t\twatch = w\n")
 	// 16-bit owner tokens.
 	lib("short-tokens", "client.go",
 		"func newToken() string {\n",
@@ -233,6 +243,36 @@ func init() {
 	// The scheduler's timer is not moved earlier for a lease due sooner.
 	lib("scheduler-no-rearm", "scheduler.go",
 		"if s.armedAt.IsZero() || due.Before(s.armedAt) {", "if s.armedAt.IsZero() {")
+}
+
+// networked is f on a store that does not say it lives in the process, so
+// that package lock queues its goroutines per key and hands locks over
+// between them with Transfer (the memory store's own Transfer), as it does
+// on a networked store. (Its one other effect: the DeadTokens case expects
+// dead tokens, which the memory store does not keep: see the flaw
+// networked-no-dead-tokens.)
+func networked(f flawpatch.Flaw) flawpatch.Flaw {
+	f.Name += "-networked"
+	f.Edits = append(f.Edits, flawpatch.Edit{File: memoryGo, Old: "\t\tInProcess:    true,\n", New: "\t\tInProcess:    false,\n"})
+	return f
+}
+
+func init() {
+	for _, f := range []flawpatch.Flaw{
+		// A transfer keeps the previous holder's expiry (see
+		// transfer-keeps-expiry), reached through package lock's
+		// handovers.
+		networked(storeFlaws["transfer-keeps-expiry"]),
+		// A lock handed to the next goroutine ahead of the store is valid
+		// for its own TTL from the handover, even past the previous
+		// holder's deadline, which is all the store promises until the
+		// transfer lands.
+		networked(flawpatch.Flaw{Name: "handed-ignores-prev", Edits: []flawpatch.Edit{{File: "validity.go",
+			Old: "func handedValidity(cfg *config, prev, start time.Time) validity {\n",
+			New: "func handedValidity(cfg *config, prev, start time.Time) validity {\n\tprev = start.Add(24 * time.Hour)\n"}}}),
+	} {
+		libFlaws[f.Name] = f
+	}
 }
 
 // flawNames returns the names of every flaw of the store and of package

@@ -245,6 +245,21 @@ func (s *Store) Restart(mode RestartMode) {
 	}
 }
 
+// Evict drops the lock on key, held or not, as its expiry would before its
+// time (an eviction, a write a failover lost): its holder's token stays
+// alive, so that its renewals find the key free, and the key's waiters are
+// woken. Tests use it to see what a client does when a store loses a lock.
+// It reports whether a lock was held.
+func (s *Store) Evict(key string) bool {
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := sh.locks[key]
+	delete(sh.locks, key)
+	sh.wakeFirst(key)
+	return ok && s.now() < e.expires
+}
+
 // Len returns the number of unexpired locks in the store.
 func (s *Store) Len() int {
 	now := s.now()
