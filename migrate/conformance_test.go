@@ -27,6 +27,7 @@ var (
 	_ conformance.Disconnecter = pairHarness{}
 	_ conformance.Restarter    = pairHarness{}
 	_ conformance.ReplyHolder  = pairHarness{}
+	_ conformance.Evicter      = pairHarness{}
 )
 
 func (h pairHarness) NewBackend(context.Context) (backend.Backend, error) {
@@ -71,6 +72,14 @@ func (h pairHarness) DeliverReplies(_ context.Context, b backend.Backend) error 
 func (h pairHarness) DropReplies(_ context.Context, b backend.Backend) error {
 	return each(b, (*memory.Backend).DropReplies)
 }
+
+// Evict drops the lock from both stores, as their expiry would.
+func (h pairHarness) Evict(_ context.Context, key string) error {
+	h.from.Evict(key)
+	h.to.Evict(key)
+	return nil
+}
+
 func (h pairHarness) Restart(_ context.Context, keepData bool) error {
 	mode := memory.LoseData
 	if keepData {

@@ -118,6 +118,12 @@ func (h *harness) Capabilities() backend.Capabilities {
 func (h *harness) Pause(context.Context) error  { h.store.Pause(); return nil }
 func (h *harness) Resume(context.Context) error { h.store.Resume(); return nil }
 
+// Evict drops the lock from the store, as its expiry would.
+func (h *harness) Evict(_ context.Context, key string) error {
+	h.store.Evict(key)
+	return nil
+}
+
 // Restart restarts the store, keeping its data or losing it, and resets
 // every client's connections, as a restarted server process would.
 func (h *harness) Restart(_ context.Context, keepData bool) error {
