@@ -215,13 +215,26 @@ type clusterHarness struct {
 }
 
 func (h *clusterHarness) NewBackend(context.Context) (backend.Backend, error) {
-	rdb := goredis.NewClusterClient(&goredis.ClusterOptions{
+	rdb := h.clusterClient()
+	return &ownsCluster{redis.New(rdb, redis.WithMaxTTL(harnessMaxTTL)), rdb}, nil
+}
+
+func (h *clusterHarness) clusterClient() *goredis.ClusterClient {
+	return goredis.NewClusterClient(&goredis.ClusterOptions{
 		Addrs:                    h.addrs,
 		ContextTimeoutEnabled:    true,
 		MaxRetries:               -1,
 		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 	})
-	return &ownsCluster{redis.New(rdb, redis.WithMaxTTL(harnessMaxTTL)), rdb}, nil
+}
+
+// Evict implements conformance.Evicter: the master of the lock's slot
+// loses the keys an expiry of the lock removes (see evictedKeys). They
+// share the lock's hash tag, so one DEL on that master takes them all.
+func (h *clusterHarness) Evict(ctx context.Context, key string) error {
+	rdb := h.clusterClient()
+	defer rdb.Close()
+	return rdb.Del(ctx, evictedKeys(key, false)...).Err()
 }
 
 func (h *clusterHarness) Capabilities() backend.Capabilities {

@@ -209,7 +209,58 @@ var (
 	_ conformance.Pauser       = (*singleHarness)(nil)
 	_ conformance.Disconnecter = (*singleHarness)(nil)
 	_ conformance.Restarter    = (*singleHarness)(nil)
+	_ conformance.Evicter      = (*singleHarness)(nil)
+	_ conformance.Evicter      = (*redlockHarness)(nil)
+	_ conformance.Evicter      = (*clusterHarness)(nil)
 )
+
+// evictedKeys returns the Redis keys that the lock on key loses when Redis
+// expires it, or evicts it under a volatile-* maxmemory policy: the keys
+// that carry the lock's own expiry (renewals and sessions' walks extend
+// them together; see the package doc's Keys): the lock "lock:{KEY}", its
+// next key ":next" and its holder key ":h", and with slot fence counters
+// its fence key ":fence", which then only records the holder's fence, with
+// the lock's expiry. Everything else stays as an expiry leaves it: the
+// fence counter (the key's ":fence" without slot counters, or the slot's
+// counter), which has no expiry and must keep fences growing; the
+// waiters' queue ":q" and records ":w:ID", which live by their waiters'
+// refreshes; the tombstones of dead tokens; and with sessions the
+// session's key and lock table (the session lives on, and its next walk
+// drops the lock from the table, as after an expiry). The holder's token
+// has no tombstone, so it stays alive, as Evicter asks.
+func evictedKeys(key string, slotFences bool) []string {
+	lk := redis.KeysOf(redis.DefaultPrefix, key)[0]
+	ks := []string{lk, lk + ":next", lk + ":h"}
+	if slotFences {
+		ks = append(ks, lk+":fence")
+	}
+	return ks
+}
+
+// Evict implements conformance.Evicter: a DEL of the keys an expiry of
+// the lock removes (evictedKeys), by a raw client of the server, not the
+// backend's release, which would kill the token and publish a wake-up.
+// An expiry wakes nobody: waiters learn of it from their own refreshes.
+func (h *singleHarness) Evict(ctx context.Context, key string) error {
+	rdb := newGoRedis(h.t, h.srv.Addr)
+	defer rdb.Close()
+	return rdb.Del(ctx, evictedKeys(key, h.slotFences)...).Err()
+}
+
+// Evict implements conformance.Evicter: every node loses the lock, as
+// when its expiry (the same PX on every node) passes on all of them; see
+// singleHarness.Evict.
+func (h *redlockHarness) Evict(ctx context.Context, key string) error {
+	for _, s := range h.srvs {
+		rdb := newGoRedis(h.t, s.Addr)
+		err := rdb.Del(ctx, evictedKeys(key, false)...).Err()
+		rdb.Close()
+		if err != nil {
+			return fmt.Errorf("node %s: %w", s.Addr, err)
+		}
+	}
+	return nil
+}
 
 // The single-node backend on a server with appendfsync always: the
 // configuration in which it declares its fences durable.
