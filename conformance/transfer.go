@@ -2,6 +2,8 @@ package conformance
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"errors"
 	"testing"
 	"time"
@@ -32,25 +34,33 @@ func (s *suite) transfer(t *testing.T) {
 	defer other.Close()
 	ttl := s.long
 
-	holds := func(token string) {
+	// Tokens shaped as package lock makes them (32 hexadecimal digits),
+	// named by a letter in the messages.
+	tok := map[string]string{}
+	for _, name := range "abcdepqrswxy" {
+		var r [16]byte
+		crand.Read(r[:])
+		tok[string(name)] = hex.EncodeToString(r[:])
+	}
+	holds := func(name string) {
 		t.Helper()
-		if _, err := b.Renew(ctx, key, token, ttl); err != nil {
-			t.Fatalf("renew by %s, which should hold the key: %v", token, err)
+		if _, err := b.Renew(ctx, key, tok[name], ttl); err != nil {
+			t.Fatalf("renew by %s, which should hold the key: %v", name, err)
 		}
 	}
-	g, err := b.Acquire(ctx, key, "a", ttl)
+	g, err := b.Acquire(ctx, key, tok["a"], ttl)
 	if err != nil {
 		t.Fatalf("acquire: %v", err)
 	}
 
 	// A transfer from a token that does not hold the key changes nothing.
-	if _, err := tr.Transfer(ctx, key, "x", "y", ttl, backend.TransferOptions{}); !errors.Is(err, backend.ErrNotHeld) {
+	if _, err := tr.Transfer(ctx, key, tok["x"], tok["y"], ttl, backend.TransferOptions{}); !errors.Is(err, backend.ErrNotHeld) {
 		t.Fatalf("transfer from a token that does not hold the key: %v; want ErrNotHeld", err)
 	}
 	holds("a")
 
 	// A plain transfer takes a new fence and can reserve the next one.
-	ab, err := tr.Transfer(ctx, key, "a", "b", ttl, backend.TransferOptions{Reserve: true})
+	ab, err := tr.Transfer(ctx, key, tok["a"], tok["b"], ttl, backend.TransferOptions{Reserve: true})
 	if err != nil {
 		t.Fatalf("transfer a to b: %v", err)
 	}
@@ -64,18 +74,18 @@ func (s *suite) transfer(t *testing.T) {
 			t.Fatalf("Inspect after a transfer that reserved the next fence: %+v, %v; want held with fence %d", h, err, ab.Fence)
 		}
 	}
-	if _, err := b.Renew(ctx, key, "a", ttl); !errors.Is(err, backend.ErrNotHeld) {
+	if _, err := b.Renew(ctx, key, tok["a"], ttl); !errors.Is(err, backend.ErrNotHeld) {
 		t.Fatalf("renew by the previous owner after a transfer: %v; want ErrNotHeld", err)
 	}
 	// Nor with a reserved fence may a token that does not hold the key
 	// transfer it.
-	if _, err := tr.Transfer(ctx, key, "x", "y", ttl, backend.TransferOptions{Fence: ab.Next}); !errors.Is(err, backend.ErrNotHeld) {
+	if _, err := tr.Transfer(ctx, key, tok["x"], tok["y"], ttl, backend.TransferOptions{Fence: ab.Next}); !errors.Is(err, backend.ErrNotHeld) {
 		t.Fatalf("transfer with a reserved fence from a token that does not hold the key: %v; want ErrNotHeld", err)
 	}
 	holds("b")
 	// The same transfer sent again (a retry after a lost reply) succeeds
 	// without reserving anything; to's fence stays between its neighbours.
-	again, err := tr.Transfer(ctx, key, "a", "b", ttl, backend.TransferOptions{Reserve: true})
+	again, err := tr.Transfer(ctx, key, tok["a"], tok["b"], ttl, backend.TransferOptions{Reserve: true})
 	if err != nil {
 		t.Fatalf("transfer a to b sent again: %v; want it to report the transfer that took effect", err)
 	}
@@ -85,7 +95,7 @@ func (s *suite) transfer(t *testing.T) {
 	holds("b")
 
 	// A transfer with the reserved fence gives exactly that fence.
-	bc, err := tr.Transfer(ctx, key, "b", "c", ttl, backend.TransferOptions{Fence: ab.Next, Reserve: true})
+	bc, err := tr.Transfer(ctx, key, tok["b"], tok["c"], ttl, backend.TransferOptions{Fence: ab.Next, Reserve: true})
 	if err != nil {
 		t.Fatalf("transfer b to c with the reserved fence: %v", err)
 	}
@@ -93,7 +103,7 @@ func (s *suite) transfer(t *testing.T) {
 		t.Fatalf("transfer b to c with fence %d reserved: got fence %d, next %d", ab.Next, bc.Fence, bc.Next)
 	}
 	holds("c")
-	if again, err := tr.Transfer(ctx, key, "b", "c", ttl, backend.TransferOptions{Fence: ab.Next, Reserve: true}); err != nil || again.Fence != ab.Next || again.Next != 0 {
+	if again, err := tr.Transfer(ctx, key, tok["b"], tok["c"], ttl, backend.TransferOptions{Fence: ab.Next, Reserve: true}); err != nil || again.Fence != ab.Next || again.Next != 0 {
 		t.Fatalf("transfer b to c with fence %d sent again: fence %d, next %d, %v; want fence %d, next 0", ab.Next, again.Fence, again.Next, err, ab.Next)
 	}
 
@@ -101,14 +111,14 @@ func (s *suite) transfer(t *testing.T) {
 	// changes nothing; one with a reserved fence goes ahead but reserves
 	// nothing more, so that the lock goes back to the store next.
 	var locked *backend.LockedError
-	if _, err := other.Acquire(ctx, key, "w", ttl); !errors.As(err, &locked) && !errors.Is(err, backend.ErrLocked) {
+	if _, err := other.Acquire(ctx, key, tok["w"], ttl); !errors.As(err, &locked) && !errors.Is(err, backend.ErrLocked) {
 		t.Fatalf("acquire by another owner while c holds the key: %v; want a LockedError", err)
 	}
-	if _, err := tr.Transfer(ctx, key, "c", "d", ttl, backend.TransferOptions{Reserve: true}); !errors.Is(err, backend.ErrTransferRefused) {
+	if _, err := tr.Transfer(ctx, key, tok["c"], tok["d"], ttl, backend.TransferOptions{Reserve: true}); !errors.Is(err, backend.ErrTransferRefused) {
 		t.Fatalf("plain transfer while another owner waits: %v; want ErrTransferRefused", err)
 	}
 	holds("c")
-	cd, err := tr.Transfer(ctx, key, "c", "d", ttl, backend.TransferOptions{Fence: bc.Next, Reserve: true})
+	cd, err := tr.Transfer(ctx, key, tok["c"], tok["d"], ttl, backend.TransferOptions{Fence: bc.Next, Reserve: true})
 	if err != nil {
 		t.Fatalf("transfer c to d with the reserved fence while another owner waits: %v", err)
 	}
@@ -118,37 +128,37 @@ func (s *suite) transfer(t *testing.T) {
 	holds("d")
 	// The owner elsewhere is still known: the next plain transfer is
 	// refused too.
-	if _, err := tr.Transfer(ctx, key, "d", "e", ttl, backend.TransferOptions{Reserve: true}); !errors.Is(err, backend.ErrTransferRefused) {
+	if _, err := tr.Transfer(ctx, key, tok["d"], tok["e"], ttl, backend.TransferOptions{Reserve: true}); !errors.Is(err, backend.ErrTransferRefused) {
 		t.Fatalf("plain transfer after a reserved one while another owner still waits: %v; want ErrTransferRefused", err)
 	}
 	holds("d")
 
 	// The waiter gets the key after d's release, with a fence above all.
-	if err := b.Release(ctx, key, "d"); err != nil {
+	if err := b.Release(ctx, key, tok["d"]); err != nil {
 		t.Fatalf("release by d: %v", err)
 	}
-	w, err := other.Acquire(ctx, key, "w", ttl)
+	w, err := other.Acquire(ctx, key, tok["w"], ttl)
 	if err != nil {
 		t.Fatalf("acquire by the waiting owner after the release: %v", err)
 	}
 	if w.Fence <= cd.Fence || w.Fence <= bc.Next {
 		t.Fatalf("fence %d after the transfers (last fence %d, reserved %d); want above both", w.Fence, cd.Fence, bc.Next)
 	}
-	if err := other.Release(ctx, key, "w"); err != nil {
+	if err := other.Release(ctx, key, tok["w"]); err != nil {
 		t.Fatalf("release by the waiter: %v", err)
 	}
 
 	// A transfer sets the new owner's TTL from now, whatever was left of
 	// the old one's.
-	if _, err := b.Acquire(ctx, key, "p", s.short); err != nil {
+	if _, err := b.Acquire(ctx, key, tok["p"], s.short); err != nil {
 		t.Fatalf("acquire: %v", err)
 	}
-	if _, err := tr.Transfer(ctx, key, "p", "q", s.long, backend.TransferOptions{}); err != nil {
+	if _, err := tr.Transfer(ctx, key, tok["p"], tok["q"], s.long, backend.TransferOptions{}); err != nil {
 		t.Fatalf("transfer p to q: %v", err)
 	}
 	s.waitOutExpiry(s.short)
 	holds("q")
-	if err := b.Release(ctx, key, "q"); err != nil {
+	if err := b.Release(ctx, key, tok["q"]); err != nil {
 		t.Fatalf("release by q: %v", err)
 	}
 
@@ -158,17 +168,17 @@ func (s *suite) transfer(t *testing.T) {
 	// on, so the copy must not answer ErrNotHeld, which would make from's
 	// Release report a lease held until its release as lost; and from's
 	// release succeeds, as after a release that took effect.
-	if _, err := b.Acquire(ctx, key, "r", s.long); err != nil {
+	if _, err := b.Acquire(ctx, key, tok["r"], s.long); err != nil {
 		t.Fatalf("acquire: %v", err)
 	}
-	if _, err := tr.Transfer(ctx, key, "r", "s", s.short, backend.TransferOptions{}); err != nil {
+	if _, err := tr.Transfer(ctx, key, tok["r"], tok["s"], s.short, backend.TransferOptions{}); err != nil {
 		t.Fatalf("transfer r to s: %v", err)
 	}
 	s.waitOutExpiry(s.short)
-	if _, err := tr.Transfer(ctx, key, "r", "s", s.short, backend.TransferOptions{}); err == nil || errors.Is(err, backend.ErrNotHeld) || errors.Is(err, backend.ErrTransferRefused) {
+	if _, err := tr.Transfer(ctx, key, tok["r"], tok["s"], s.short, backend.TransferOptions{}); err == nil || errors.Is(err, backend.ErrNotHeld) || errors.Is(err, backend.ErrTransferRefused) {
 		t.Fatalf("transfer r to s sent again after s's lock expired: %v; want an error that is neither ErrNotHeld nor ErrTransferRefused (r handed the lock on)", err)
 	}
-	if err := b.Release(ctx, key, "r"); err != nil {
+	if err := b.Release(ctx, key, tok["r"]); err != nil {
 		t.Fatalf("release by r after it handed the lock on: %v; want nil", err)
 	}
 }
