@@ -77,7 +77,54 @@ var (
 	_ conformance.ReplyHolder  = (*harness)(nil)
 	_ conformance.Restarter    = (*harness)(nil)
 	_ conformance.LinkDelayer  = (*harness)(nil)
+	_ conformance.Evicter      = (*harness)(nil)
 )
+
+// Evict implements conformance.Evicter, with a client of its own straight
+// to the member: it deletes the lock key k/KEY\xff and the holder's label
+// key k/KEY\xffh/TOKEN, the keys a lock puts on its lease (see the package
+// doc's Keys and label.go), in one transaction guarded by the lock key's
+// mod revision (a lock that changed hands meanwhile is read again, never
+// deleted unseen). That is what etcd does to a lock when its lease
+// expires: the keys go, with a delete event that wakes the waiters'
+// watches. The rest stays as an expiry leaves it: the queue records
+// k/KEY\xffq/ID and their labels (on the waiters' leases), the tombstones
+// t/TOKEN/KEY, and the revision, which only grows (the delete raises it).
+//
+// Why the keys and not a revoke of the lease: with sessions
+// (TestConformanceSessions) the lease is the session's, shared by the
+// client's other locks, and a revoke would take them all, which is not
+// the store losing one lock. Without sessions the lease carries this lock
+// alone, and a revoke would match an expiry more closely; but the lease
+// living on is the harder test: the holder's keep-alives still succeed,
+// so only its read of the key can tell it the lock is gone, and a renewal
+// that put the key back on its lease would succeed and be caught
+// (LockEvicted). So both harnesses delete the keys.
+func (h *harness) Evict(ctx context.Context, key string) error {
+	cli := newClient(h.t, h.srv.Addr)
+	defer cli.Close()
+	lk := etcd.DefaultPrefix + "k/" + key + "\xff"
+	for range 10 {
+		get, err := cli.Get(ctx, lk)
+		if err != nil {
+			return err
+		}
+		if len(get.Kvs) == 0 {
+			return nil // free: nothing to lose
+		}
+		kv := get.Kvs[0]
+		resp, err := cli.Txn(ctx).If(
+			clientv3.Compare(clientv3.ModRevision(lk), "=", kv.ModRevision),
+		).Then(
+			clientv3.OpDelete(lk),
+			clientv3.OpDelete(lk+"h/"+string(kv.Value)),
+		).Commit()
+		if err != nil || resp.Succeeded {
+			return err
+		}
+	}
+	return fmt.Errorf("evict %q: the lock changed hands 10 times while it was evicted", key)
+}
 
 // owned is a backend that closes its etcd client and its proxy with it, as
 // the exit of its process would: the suite checks that a closed client
