@@ -36,7 +36,49 @@ var (
 	_ conformance.Disconnecter = (*harness)(nil)
 	_ conformance.Restarter    = (*harness)(nil)
 	_ conformance.ReplyHolder  = (*harness)(nil)
+	_ conformance.Evicter      = (*harness)(nil)
 )
+
+// Evict implements conformance.Evicter, with a client of its own straight
+// to the agent: it deletes the lock's entry (value "TOKEN\nLABEL", locked
+// by the holder's session), if it is held, with a check-and-set on the
+// ModifyIndex it read (a lock that changed hands meanwhile is read again,
+// never deleted unseen). That is what Consul does to the entry when the
+// session's TTL runs out (sessions of the delete behavior), short of
+// invalidating the session: a shared session (TestConformanceSessions)
+// holds the client's other locks, which the store losing this one must
+// leave alone, and a session that lives on is the harder test, since the
+// holder's renewals of it still succeed and only the entry shows the loss.
+// Deleting the entry invokes no lock-delay, as a lost write would not.
+// What stays: the waiters' queue records (ENTRY/q/...), locked by their
+// own sessions; the dead tokens, which each backend keeps in its own
+// memory; and the Raft index, the fences' source, which the delete
+// raises.
+func (h *harness) Evict(ctx context.Context, key string) error {
+	cli, tr := client(h.t, h.agent.Addr)
+	defer tr.CloseIdleConnections()
+	b, err := consul.New(cli, consul.WithMinTTL(consultest.MinTTL), consul.WithMaxTTL(harnessMaxTTL))
+	if err != nil {
+		return err
+	}
+	name := b.Entry(key)
+	b.Close()
+	q := (&api.QueryOptions{}).WithContext(ctx)
+	for range 10 {
+		kv, _, err := cli.KV().Get(name, q)
+		if err != nil {
+			return err
+		}
+		if kv == nil || kv.Session == "" {
+			return nil // free: nothing to lose
+		}
+		ok, _, err := cli.KV().DeleteCAS(kv, (&api.WriteOptions{}).WithContext(ctx))
+		if err != nil || ok {
+			return err
+		}
+	}
+	return fmt.Errorf("evict %q: the lock changed hands 10 times while it was evicted", key)
+}
 
 // client returns a Consul client of addr with a transport of its own.
 func client(t testing.TB, addr string) (*api.Client, *http.Transport) {
