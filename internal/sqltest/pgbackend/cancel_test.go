@@ -47,8 +47,8 @@ func TestCallWaitingForARowLockEndsWithItsContext(t *testing.T) {
 	_, err = b.Acquire(actx, key, token, time.Minute)
 	took := time.Since(began)
 	cancel()
-	if !errors.Is(err, context.DeadlineExceeded) || took > time.Second {
-		t.Fatalf("Acquire waiting for the row lock: %v after %v; want DeadlineExceeded at 300ms", err, took)
+	if !errors.Is(err, context.DeadlineExceeded) || took > 1300*time.Millisecond {
+		t.Fatalf("Acquire waiting for the row lock: %v after %v; want DeadlineExceeded within a second of its 300ms deadline", err, took)
 	}
 	// Another session watches: a transaction sees pg_stat_activity as it
 	// was when the transaction first read it.

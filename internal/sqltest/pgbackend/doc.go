@@ -206,9 +206,10 @@
 // so that no case is skipped unnoticed. It is all the glue a backend
 // author writes, in fewer than 120 lines of code:
 //
-//   - The server: package pgtest runs initdb (as the user nobody when
-//     the test runs as root, since postgres refuses root), and
-//     conformance/serverproc runs postgres on a free port. Its Ready asks
+//   - The server: initdb runs first, as the user nobody when the test
+//     runs as root, since postgres refuses root (package pgtest's InitDB
+//     here; elsewhere a few lines of os/exec). Then conformance/serverproc
+//     runs postgres on a free port, as the same user. Its Ready asks
 //     a real question (a Ping on a new connection). A TCP dial is not
 //     enough: PostgreSQL accepts connections while it starts up or
 //     recovers, and answers them with an error.
