@@ -65,10 +65,12 @@
 // release waits for the acquire's whole step, or the acquire waits for
 // the release's whole step. Either order is safe. The same holds for two
 // acquires: the second sees the first one's grant and answers ErrLocked.
-// (The conformance cases TryAcquireRace and CancelUnderLoad catch these
-// races. SERIALIZABLE isolation serialises too, but its conflicts end in
-// serialization failures, which the backend would have to turn into
-// answers of the contract. A row lock simply waits.)
+// Drop the FOR UPDATE and MutualExclusion fails at once, with several
+// holders of one key; CancelUnderLoad and GiveUpUnderLoad look for late
+// acquires that beat their release. SERIALIZABLE isolation serialises
+// too, but its conflicts end in serialization failures, which the backend
+// would have to turn into answers of the contract. A row lock simply
+// waits.
 //
 // Renew needs no function: one UPDATE with the holder check in its WHERE
 // clause. The UPDATE takes the row lock itself, and re-checks the WHERE
@@ -81,7 +83,7 @@
 // The store must never expire a lock earlier than the TTL after it
 // received the request.
 //
-// PostgreSQL has three clocks, all read from the server's wall clock:
+// PostgreSQL offers three readings of the server's wall clock:
 //
 //   - now() is the start of the transaction. It stands still while the
 //     transaction waits for a row lock. Do not use it to decide whether a
@@ -95,11 +97,10 @@
 // That choice matters for Capabilities. "Received" may be any moment from
 // the request's arrival on, but the latest expiry (ExpiryFactor and
 // ExpirySlack) counts from the same moment. Counted from
-// clock_timestamp(), a request that waited for a row lock, or on a paused
-// server, would hold the lock later than TTL after its arrival, and
-// ExpirySlack would have to cover every wait. Counted from
-// statement_timestamp(), the lock ends exactly TTL after the server read
-// the request. So the backend declares ExpiryFactor 1 and an ExpirySlack
+// clock_timestamp(), a request that waited for a row lock would hold the
+// lock longer than TTL after the server read it, and ExpirySlack would
+// have to cover the longest wait. Counted from statement_timestamp(), the
+// lock ends exactly TTL after the server read the request. So the backend declares ExpiryFactor 1 and an ExpirySlack
 // of 1ms, for rounding to microseconds. Granularity is 1µs: TTLs are
 // rounded up to whole microseconds, never down, and Grant.TTL says so.
 // (pgx runs cached prepared statements. statement_timestamp() is then
@@ -240,8 +241,8 @@
 //	                  written in the granting transaction
 //	After a restart   locks, fences and tombstones survive; locks keep their
 //	                  expiry on the server's clock
-//	Safe when         fsync = on and synchronous_commit = on (the defaults),
-//	                  and a server clock that is not stepped
+//	Safe when         fsync, synchronous_commit and full_page_writes on (the
+//	                  defaults), and a server clock that is not stepped
 //
 // DurableFence is true because a grant commits its fence before the reply
 // leaves: with synchronous_commit on, the commit waits for the WAL flush.
@@ -251,6 +252,7 @@
 //
 // With a standby, only synchronous replication (synchronous_commit =
 // remote_apply, say) keeps fences and locks across a failover.
-// Asynchronous replication can lose the latest grants. The backend is
-// FIFO false: waiters race for a freed key.
+// Asynchronous replication can lose the latest grants.
+//
+// Capabilities.FIFO is false: waiters race for a freed key.
 package pgbackend

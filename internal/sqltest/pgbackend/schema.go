@@ -15,11 +15,11 @@ const Schema = `
 -- counter survives idle gaps and restarts; token, label and expires
 -- describe the holder, and are NULL while the key is free.
 CREATE TABLE IF NOT EXISTS distlock_locks (
-	key     bytea PRIMARY KEY,       -- the key's bytes: bytea takes NUL
-	fence   bigint NOT NULL DEFAULT 0, -- the last fence granted
-	token   text,
-	label   text,
-	expires timestamptz
+	key     bytea PRIMARY KEY,          -- the key's bytes: bytea takes NUL
+	fence   bigint NOT NULL DEFAULT 0,  -- the last fence granted
+	token   text,                       -- the holder's
+	label   text,                       -- the holder's label
+	expires timestamptz                 -- the holder's expiry
 );
 
 -- One row per released token, kept until dead_until, so that an acquire
@@ -27,7 +27,7 @@ CREATE TABLE IF NOT EXISTS distlock_locks (
 CREATE TABLE IF NOT EXISTS distlock_dead_tokens (
 	key        bytea NOT NULL,
 	token      text NOT NULL,
-	freed      boolean NOT NULL,     -- the release freed the lock
+	freed      boolean NOT NULL,        -- the release freed the lock
 	dead_until timestamptz NOT NULL,
 	PRIMARY KEY (key, token)
 );
