@@ -208,6 +208,8 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness, opts ...Option) {
 		{"WakeOnRelease", (*suite).wakeOnRelease, nil, false},
 		{"WatchBeforeRelease", (*suite).watchBeforeRelease, nil, false},
 		{"HandoverTTLs", (*suite).handoverTTLs, nil, false},
+		{"WaiterTTLShorterThanWait", (*suite).waiterTTLShorterThanWait, nil, false},
+		{"CancelledWaiterRetakes", (*suite).cancelledWaiterRetakes, nil, false},
 		{"FIFOOrder", (*suite).fifoOrder, nil, false},
 		{"HotKeyRequests", (*suite).hotKeyRequests, nil, false},
 		{"InspectAfterExpiry", (*suite).inspectAfterExpiry, nil, false},

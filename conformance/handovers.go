@@ -56,7 +56,7 @@ func (s *suite) handoverTTLs(t *testing.T) {
 		t.Errorf("the waiter's lease has TTL %v; want its own, %v", b.TTL(), ttlB)
 	}
 	gotC := acquireLater(ctx, t, other, key, lock.WithTTL(ttlC))
-	s.heldNearDeadline(ctx, t, b, "the lease handed within a client by a holder with less time left")
+	s.heldNearDeadline(ctx, t, b, "the lease handed within a client by a holder with less time left", ownTTL)
 	if err := b.Release(ctx); err != nil {
 		t.Errorf("Release: %v", err)
 	}
@@ -67,16 +67,18 @@ func (s *suite) handoverTTLs(t *testing.T) {
 	if cl.Fence() <= b.Fence() {
 		t.Errorf("fence %d after %d; want strictly increasing", cl.Fence(), b.Fence())
 	}
-	s.heldNearDeadline(ctx, t, cl, "the lease that another client's waiter got from a holder with a shorter TTL")
+	s.heldNearDeadline(ctx, t, cl, "the lease that another client's waiter got from a holder with a shorter TTL", ownTTL)
 	if err := cl.Release(ctx); err != nil {
 		t.Errorf("Release: %v", err)
 	}
 }
 
+const ownTTL = "the store must hold the lock for the new owner's own TTL, not for what its predecessor had left"
+
 // heldNearDeadline waits until the slack before l's deadline and checks
 // that the store still holds the lock there: l is not lost, and another
 // client's TryAcquire finds the key held.
-func (s *suite) heldNearDeadline(ctx context.Context, t *testing.T, l *lock.Lease, what string) {
+func (s *suite) heldNearDeadline(ctx context.Context, t *testing.T, l *lock.Lease, what, want string) {
 	t.Helper()
 	time.Sleep(time.Until(l.Deadline().Add(-s.slack))) // waiting out most of a TTL
 	select {
@@ -87,7 +89,7 @@ func (s *suite) heldNearDeadline(ctx context.Context, t *testing.T, l *lock.Leas
 	o, err := s.client(t).TryAcquire(ctx, l.Key(), lock.WithTTL(s.long))
 	if err == nil {
 		o.Release(ctx)
-		t.Fatalf("%s (TTL %v, fence %d): another client took the key %v before the lease's deadline; the store must hold the lock for the new owner's own TTL, not for what its predecessor had left", what, l.TTL(), l.Fence(), s.slack)
+		t.Fatalf("%s (TTL %v, fence %d): another client took the key %v before the lease's deadline; %s", what, l.TTL(), l.Fence(), s.slack, want)
 	}
 	if !errors.Is(err, lock.ErrLocked) {
 		t.Fatalf("another client's TryAcquire shortly before the holder's deadline: %v; want ErrLocked", err)

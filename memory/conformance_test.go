@@ -223,6 +223,8 @@ func TestSuiteCatchesFlaws(t *testing.T) {
 		{"short-tokens", []string{"TokenShape"}, true},
 		{"scheduler-no-rearm", []string{"SeveralTTLs"}, true},
 		{"watchdog-reacquires", []string{"LockEvicted"}, true},
+		{"watch-expires", []string{"WaiterTTLShorterThanWait"}, true},
+		{"closed-watch-stays", []string{"CancelledWaiterRetakes"}, true},
 		{"no-recheck-after-watch", []string{"WatchBeforeRelease"}, true},
 		{"transfer-keeps-expiry-networked", []string{"HandoverTTLs"}, true},
 		{"handed-ignores-prev-networked", []string{"HandoverLostOnTheWay"}, true},

@@ -189,6 +189,16 @@ func flawSameToken(a, b string) bool {
 		// A transfer keeps the previous expiry instead of the new TTL.
 		edits("transfer-keeps-expiry",
 			"expires: now + ttl, waited: e.waited, label: backend.Label(ctx)}", "expires: e.expires, waited: e.waited, label: backend.Label(ctx)}"),
+		// A waiter's watch lives as long as a short TTL, as a queue
+		// record on a lease of the waiter's TTL that nobody renews.
+		edits("watch-expires",
+			"\tw.elem = ws.PushBack(w)\n\treturn w, nil\n",
+			"\tw.elem = ws.PushBack(w)\n\ttime.AfterFunc(200*time.Millisecond, func() {\n\t\tsh.mu.Lock()\n\t\tdefer sh.mu.Unlock()\n\t\tif w.elem != nil {\n\t\t\tws.Remove(w.elem)\n\t\t\tw.elem = nil\n\t\t\tif ws.Len() == 0 && sh.watchers[key] == ws {\n\t\t\t\tdelete(sh.watchers, key)\n\t\t\t}\n\t\t}\n\t})\n\treturn w, nil\n"),
+		// A watch that ends stays at its place in the queue, where it
+		// takes the wake-ups of the waiters behind it.
+		edits("closed-watch-stays",
+			"\tws.Remove(w.elem)\n\tw.elem = nil\n",
+			"\tw.elem = nil\n"),
 		// Keys are stored cut to 64 bytes, as in a column too short.
 		keyFlaw("short-keys", "", "\tif len(key) > 64 {\n\t\treturn key[:64]\n\t}\n\treturn key\n"),
 		// Keys are stored lower-cased, as under a case-insensitive
