@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -186,6 +187,41 @@ func (h *confHarness) Capabilities() backend.Capabilities { return h.caps }
 // (lock.DefaultMaxTTL): above every TTL the suite uses (ManyKeys takes
 // 2m).
 const confMaxTTL = 10 * time.Minute
+
+// Evict makes both stores lose the lock, as their expiries would (see
+// conformance.Evicter): in redis a DEL of the keys that carry the lock's
+// expiry (the lock, its :next and its holder's :h), in etcd a delete of
+// the lock key and its holder's label key, guarded by the key's revision;
+// counters, queues, leases and tombstones stay.
+func (h *confHarness) Evict(ctx context.Context, key string) error {
+	rdb := redistest.Client(h.t, h.redis.Addr)
+	defer rdb.Close()
+	// The redis backend's lock key: the key in a hash tag, its "}" bytes
+	// replaced (redis/redis.go, keys).
+	lk := redis.DefaultPrefix + "{" + strings.ReplaceAll(key, "}", "\xff") + "}"
+	if err := rdb.Del(ctx, lk, lk+":next", lk+":h").Err(); err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{h.etcd.Addr}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	ek := etcd.DefaultPrefix + "k/" + key + "\xff"
+	for range 10 {
+		get, err := cli.Get(ctx, ek)
+		if err != nil || len(get.Kvs) == 0 {
+			return err
+		}
+		kv := get.Kvs[0]
+		resp, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(ek), "=", kv.ModRevision)).
+			Then(clientv3.OpDelete(ek), clientv3.OpDelete(ek+"h/"+string(kv.Value))).Commit()
+		if err != nil || resp.Succeeded {
+			return err
+		}
+	}
+	return fmt.Errorf("evict %q: the etcd lock changed hands 10 times while it was evicted", key)
+}
 
 // Pause stops both servers with SIGSTOP; Resume continues them.
 func (h *confHarness) Pause(context.Context) error {
