@@ -155,10 +155,12 @@ type Backend interface {
 	// A token is used for one acquisition attempt only, and re-entrancy is
 	// not part of the contract. If token already holds key (a client
 	// library sent the request again after a lost reply), Acquire either
-	// returns ErrLocked or grants it again: with the fence it was granted,
-	// and with the store's expiry set to ttl from this request, as for a
-	// new grant (the caller counts its deadline from this request's send
-	// time).
+	// returns ErrLocked or grants it again: with the fence it was granted
+	// (or a greater one, never granted to another token: Redlock cannot
+	// tell whether its raise of the nodes' counters to the first fence
+	// landed, and takes the next), and with the store's expiry set to ttl
+	// from this request, as for a new grant (the caller counts its
+	// deadline from this request's send time).
 	//
 	// Requests may reach the store out of order: an acquire may arrive
 	// after the Release that was sent to undo it (the caller gave up while
