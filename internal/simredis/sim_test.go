@@ -1,7 +1,6 @@
 package simredis
 
 import (
-	"os"
 	"testing"
 
 	"github.com/distlock/lock/internal/simtest"
@@ -30,11 +29,8 @@ const (
 // scripts against one in-process Redis server, over the simulated
 // network, for the seeds the flags name (see internal/simtest's flags).
 func TestSimRedis(t *testing.T) {
-	budget := redisSweepBudget
-	if os.Getenv(historyEnv) != "" {
-		budget = redisBudget // a history's search (TestSimFindsHistories)
-	}
-	simtest.Sweep(t, simtest.Config{Model: New(1)}, "./internal/simredis", budget)
+	// A history's search passes its own budget (-simseeds).
+	simtest.Sweep(t, simtest.Config{Model: New(1)}, "./internal/simredis", redisSweepBudget)
 }
 
 // TestSimRedisSessions is TestSimRedis with sessions (redis.WithSessions):
