@@ -51,9 +51,12 @@
 //   - LinkDelayer, or else Delayer: GiveUpUnderLoad, which also runs
 //     without them, with fewer requests overtaking each other.
 //   - Restarter: FenceAfterRestart. RequestCounter: HotKeyRequests.
-//   - backend.Notifier (a backend.Queuer is one): WakeOnRelease.
-//   - backend.Transferer: Transfer and HandoverFails, which Run adds only
-//     then. backend.LossNotifier: LockFreedOutside wants the loss at once
+//     Evicter: LockEvicted.
+//   - backend.Notifier (a backend.Queuer is one): WakeOnRelease,
+//     WatchBeforeRelease, WaiterTTLShorterThanWait,
+//     CancelledWaiterRetakes.
+//   - backend.Transferer: Transfer, HandoverFails and
+//     HandoverLostOnTheWay, which Run adds only then. backend.LossNotifier: LockFreedOutside wants the loss at once
 //     instead of by the next renewal.
 //   - Capabilities.FIFO: FIFOOrder and HotKeyRequests check only then;
 //     DurableFence: FenceAfterRestart checks only then; Labels and
@@ -227,8 +230,9 @@
 //     keys that differ only in Unicode normalisation (é precomposed and
 //     decomposed, the Angstrom sign and Å). All but ".", "..", "%2E",
 //     "%2E%2E" and the SHA-1 sit under the case's own prefix: those four
-//     are the same in every run, so two runs against one store at once
-//     can collide on them. Each key, held by one client, is refused to
+//     are the same in every run, so runs against one store at once take
+//     turns, each holding the key "conformance/KeyShapes/turn" while it
+//     sends them. Each key, held by one client, is refused to
 //     another, renews, and is reported by Inspect (when the backend has
 //     one); then every two keys are held at once by two clients (in round
 //     b, each takes the keys whose index has bit b clear or set).
@@ -374,6 +378,24 @@
 //     client that acquired release (a lock bound to a session or a
 //     connection); release is by token.
 //
+// LockEvicted:
+//   - Does: a lease renewed automatically (TTL max(3 x short, 1s)); the
+//     harness's Evicter makes the store lose the lock with no release, so
+//     that the lease's token stays alive; then another client takes the
+//     key and holds it through two more of the lost lease's renewal times.
+//   - Checks: a renewal that finds the key free ends the lease as lost
+//     (within a third of its TTL plus the slack) and never takes the key
+//     again; the other client's fence is greater, and its lock stays.
+//     StoreLosesLock cannot see a watchdog that takes the key again: its
+//     release kills the token, so the store refuses the new acquire.
+//   - Needs: Evicter (what the store's own expiry or eviction does: a DEL
+//     of the lock's keys, a delete of its row or entry).
+//   - Fails: "the lease is still valid ... after its next renewal": Renew
+//     re-creates a missing lock (an upsert), or package lock's watchdog
+//     acquires again after ErrNotHeld (flaw watchdog-reacquires). "Renew
+//     ... want it still held": something of the lost lease took the key
+//     back later.
+//
 // LockFreedOutside:
 //   - Does: a client takes a key, releases it and takes it again, and
 //     takes a second key; another backend releases the second key with
@@ -455,7 +477,7 @@
 //     library's retry after a lost reply) either returns ErrLocked or
 //     grants again with the store's expiry counted from the second
 //     request and a fence not below the first (the contract says the same
-//     fence); a release sent again after one that took effect returns nil.
+//     fence, or a greater one, as Redlock takes); a release sent again after one that took effect returns nil.
 //   - Needs: backend.Inspector.
 //   - Fails: "the same release sent again: ErrNotHeld...; want nil": the
 //     store does not keep released tokens dead, or does not remember that
@@ -578,6 +600,64 @@
 //     delivers no wake-up for a release. "took the key D after the
 //     release": a slow wake-up.
 //
+// WatchBeforeRelease:
+//   - Does: a waiter of another client waits for a key held with the long
+//     TTL; the suite releases the key at the moment the waiter starts to
+//     wait: just before its Watch is sent (a Notifier), or just after the
+//     store queued it (a Queuer's refused Queue.Acquire).
+//   - Checks: the waiter takes the key within the slack of the release,
+//     not when the holder's TTL would have run out.
+//   - Needs: backend.Notifier.
+//   - Fails: "a release just before the watch began was missed": package
+//     lock does not try again once a watch began (a Notifier reports only
+//     what happens after Watch returns; flaw no-recheck-after-watch), or a
+//     Queuer neither hands over to nor wakes a waiter it has just queued.
+//
+// WaiterTTLShorterThanWait:
+//   - Does: a key held with the long TTL; two waiters of other clients,
+//     each with the short TTL, wait longer than the store's latest expiry
+//     of that TTL; then the holder releases, and each waiter in turn takes
+//     the key and releases it.
+//   - Checks: each waiter takes the key within the slack of the release
+//     before it, and holds it (another client is refused).
+//   - Needs: backend.Notifier.
+//   - Fails: "got the key D after its release": what the store keeps of
+//     a waiter (a queue record on a lease or a session of the waiter's
+//     TTL, a watch) expired while it waited, and nothing renews it (flaw
+//     watch-expires); the waiter then learns of the release only when it
+//     tries again, after the holder's TTL.
+//
+// CancelledWaiterRetakes:
+//   - Does: a waiter is cancelled while it waits for a key held by another
+//     client; its client at once waits for the key again; the holder
+//     releases.
+//   - Checks: the new wait takes the key within the slack, and the store
+//     holds it for the new wait until near its deadline (another client
+//     is refused), while the cancelled wait's cleanup runs in the
+//     background.
+//   - Needs: backend.Notifier.
+//   - Fails: "did not get the key within D": the cancelled wait's queue
+//     record or watch stays at the head of the queue and takes the
+//     release's wake-up (flaw closed-watch-stays). "another client took
+//     the key": the cleanup of the cancelled wait freed a lock by key or
+//     by session, not by its own token.
+//
+// HandoverTTLs:
+//   - Does: a holder with a TTL of 2 x short releases with a quarter of it
+//     left to a goroutine of its own client waiting with a longer TTL
+//     (handed over by the client's Transfer, or acquired); that one
+//     releases, close to its deadline, to a waiter of another client with
+//     a longer TTL still (a Queuer's handover, or an acquire). Automatic
+//     renewal is off.
+//   - Checks: each new owner's lease has its own TTL, and the store still
+//     holds the lock for it the slack before its deadline (another client
+//     is refused); fences increase.
+//   - Needs: nothing.
+//   - Fails: "another client took the key ... before the lease's
+//     deadline": a Transfer, or a Queuer's handover, that keeps the
+//     previous holder's expiry or TTL instead of the new owner's (flaw
+//     transfer-keeps-expiry-networked).
+//
 // FIFOOrder:
 //   - Does: 5 clients wait for a held key in turn, each starting once the
 //     store refused the one before; the holder releases; a newcomer keeps
@@ -613,8 +693,9 @@
 //   - Fails: a package lock promise (its queue); a store rarely fails it.
 //
 // Transfer (only on a backend.Transferer):
-//   - Does: on the backend directly, with one-letter tokens ("a", "b",
-//     ...; not the hex tokens package lock makes), transfers a key from
+//   - Does: on the backend directly, with tokens of the shape package
+//     lock makes (32 hex digits, named by letters in the messages),
+//     transfers a key from
 //     token to token: from a token that does not hold it, plainly and with
 //     reserved fences, sent again, while an owner of another backend
 //     waits, and sent again after the new owner's lock expired.
@@ -654,6 +735,23 @@
 //     doc, dead tokens).
 //
 // # Inspection and resources
+//
+// HandoverLostOnTheWay (only on a backend.Transferer):
+//   - Does: three goroutines of one client pass a key on, so that package
+//     lock hands it to the third ahead of the store (see HandoverFails);
+//     the second hands it on with half its TTL left, and the suite holds
+//     that transfer until the second's lock has expired in the store;
+//     another client then takes the key, and the transfer goes on.
+//   - Checks: the lease handed ahead of the store is valid no later than
+//     the previous holder's deadline, and ends lost by then (plus the
+//     slack); the other client's lock survives the transfer and the
+//     cleanup after it, with a greater fence.
+//   - Needs: backend.Transferer; on an InProcess store it checks nothing.
+//   - Fails: "valid until D after the previous holder's deadline":
+//     package lock gives the next holder its own TTL from the handover
+//     (flaw handed-ignores-prev-networked). "the other client's lease
+//     after the held transfer went on": a Transfer that does not check
+//     that from still holds the key (see Transfer).
 //
 // InspectAfterExpiry:
 //   - Does: takes a key, releases it, takes it again with a new token for
