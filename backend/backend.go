@@ -92,8 +92,17 @@
 // # Proving a backend
 //
 // Run package conformance against the real store, with a harness that
-// offers its fault hooks (conformance/faultproxy does the network part),
-// and conformance.RequireHooks so that nothing is skipped unnoticed.
+// offers its fault hooks (conformance/faultproxy does the network part,
+// conformance/serverproc the server process), and
+// conformance.RequireHooks so that nothing is skipped unnoticed. The
+// repository's internal/sqltest/pgbackend is a worked example on
+// PostgreSQL, whose package doc walks through it.
+//
+// Dead tokens cannot cover every delay: a request held longer than the
+// store keeps its tombstones (a partition of TCP that heals after more
+// than MinDeadTokenTTL, say) arrives after its tombstone is gone. Keep
+// tombstones longer than the longest delay the store's network allows,
+// and bound client-side retries and timeouts below it.
 package backend
 
 import (

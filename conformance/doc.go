@@ -6,8 +6,9 @@
 // token-checked renew and release, expiry and takeover bounds, fence
 // monotonicity, context cancellation, the lost-lock signal, many keys without
 // leaks, bad input, and a recorded history checked with a lease-lock model.
-// A backend that implements backend.Transferer also runs the Transfer and
-// HandoverFails cases; Transfer checks that contract on the store directly.
+// A backend that implements backend.Transferer also runs the Transfer,
+// HandoverFails and HandoverLostOnTheWay cases; Transfer checks that
+// contract on the store directly.
 //
 // A backend's whole test wiring is one small test:
 //
