@@ -202,6 +202,7 @@ func (p *Process) start() {
 	// A group of its own: a signal to the test's group does not reach
 	// it, and the package's signals reach every process of the server.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	dieWithParent(cmd.SysProcAttr)
 	if p.opts.User != "" {
 		cred, err := credential(p.opts.User)
 		if err != nil {

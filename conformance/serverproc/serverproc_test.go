@@ -404,3 +404,58 @@ func serverPid(t *testing.T, p *serverproc.Process) int {
 	}
 	return pid
 }
+
+// orphanEnv makes TestServerDiesWithItsTest's child start a server and
+// wait to be killed.
+const orphanEnv = "SERVERPROC_TEST_ORPHAN"
+
+// TestServerDiesWithItsTest kills a test process (a child of this one)
+// that started a server: the server must not outlive it.
+func TestServerDiesWithItsTest(t *testing.T) {
+	if os.Getenv(orphanEnv) != "" {
+		p := serverproc.Start(t, []string{os.Args[0], serveArg + serverproc.PortPlaceholder})
+		fmt.Printf("addr %s\n", p.Addr)
+		select {} // until killed
+	}
+	if runtime.GOOS != "linux" {
+		t.Skip("the parent-death signal is Linux's")
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestServerDiesWithItsTest$")
+	cmd.Env = append(os.Environ(), orphanEnv+"=1")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var addr string
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		if a, ok := strings.CutPrefix(sc.Text(), "addr "); ok {
+			addr = a
+			break
+		}
+	}
+	if addr == "" {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatal("the child test started no server")
+	}
+	if err := ask(addr, time.Second); err != nil {
+		t.Fatalf("the child's server does not answer: %v", err)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			return // gone with its test
+		}
+		c.Close()
+		if time.Now().After(deadline) {
+			t.Fatalf("the server on %s still answers 5s after its test process was killed", addr)
+		}
+		time.Sleep(10 * time.Millisecond) // poll until the kernel tore it down
+	}
+}
