@@ -114,21 +114,7 @@ func (s *suite) handoverLostOnTheWay(t *testing.T) {
 		t.Log("a store in the process: package lock hands nothing over ahead of it")
 		return
 	}
-	a, err := c.TryAcquire(ctx, key)
-	if err != nil {
-		t.Fatalf("TryAcquire: %v", err)
-	}
-	gotB := acquireLater(ctx, t, c, key)
-	waitWaiting(ctx, t, c, key, 1)
-	gotC := acquireLater(ctx, t, c, key)
-	waitWaiting(ctx, t, c, key, 2)
-	if err := a.Release(ctx); err != nil { // to B, reserving C's fence
-		t.Fatalf("Release: %v", err)
-	}
-	b := <-gotB
-	if b == nil {
-		t.FailNow()
-	}
+	b, gotC := threeInLine(ctx, t, c, key)
 	held := make(chan struct{})
 	let := make(chan struct{})
 	goOn := sync.OnceFunc(func() { close(let) })

@@ -209,10 +209,13 @@ func (s *suite) handoverFails(t *testing.T) {
 	t.Logf("the handover landed after all in each of %d attempts: the lost-handover path was not reached", attempts)
 }
 
-// handoverFailsOnce is one attempt of handoverFails; it reports whether
-// the handover's loss was seen (false: it landed after all).
-func (s *suite) handoverFailsOnce(ctx context.Context, t *testing.T, rh ReplyHolder, bb backend.Backend, c *lock.Client) bool {
-	key := s.key(t)
+// threeInLine makes three goroutines of c take key in turn: the first
+// holds it, the second and the third wait, and the first releases. It
+// returns the second's lease, which the first's transfer brought with a
+// fence reserved for the third, so that the second's release hands the
+// lock to the third ahead of the store, and the channel of the third's.
+func threeInLine(ctx context.Context, t *testing.T, c *lock.Client, key string) (*lock.Lease, <-chan *lock.Lease) {
+	t.Helper()
 	a, err := c.TryAcquire(ctx, key)
 	if err != nil {
 		t.Fatalf("TryAcquire: %v", err)
@@ -228,6 +231,14 @@ func (s *suite) handoverFailsOnce(ctx context.Context, t *testing.T, rh ReplyHol
 	if b == nil {
 		t.FailNow()
 	}
+	return b, gotC
+}
+
+// handoverFailsOnce is one attempt of handoverFails; it reports whether
+// the handover's loss was seen (false: it landed after all).
+func (s *suite) handoverFailsOnce(ctx context.Context, t *testing.T, rh ReplyHolder, bb backend.Backend, c *lock.Client) bool {
+	key := s.key(t)
+	b, gotC := threeInLine(ctx, t, c, key)
 	replies(ctx, t, rh, bb).hold()
 	if err := b.Release(ctx); err != nil { // to C, ahead of the store
 		t.Fatalf("Release: %v", err)

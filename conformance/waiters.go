@@ -23,11 +23,7 @@ func (s *suite) waiterTTLShorterThanWait(t *testing.T) {
 	if err != nil {
 		t.Fatalf("TryAcquire: %v", err)
 	}
-	type got struct {
-		at time.Time
-		l  *lock.Lease
-	}
-	took := make(chan got, 2)
+	took := make(chan stamped, 2)
 	for range 2 {
 		b := s.backend(t)
 		if _, ok := b.(backend.Notifier); !ok {
@@ -35,11 +31,8 @@ func (s *suite) waiterTTLShorterThanWait(t *testing.T) {
 			t.Skip("the backend offers no backend.Notifier: waiters poll")
 		}
 		c := s.clientOver(t, b, lock.WithTTL(s.short))
-		wait := acquireLater(ctx, t, c, key)
-		go func() {
-			l := <-wait
-			took <- got{time.Now(), l}
-		}()
+		wait := acquireStamped(ctx, t, c, key)
+		go func() { took <- <-wait }()
 		select {
 		case <-lockedReplies(b):
 		case <-time.After(s.slack + time.Second):
@@ -54,7 +47,7 @@ func (s *suite) waiterTTLShorterThanWait(t *testing.T) {
 		t.Fatalf("Release: %v", err)
 	}
 	for i := range 2 {
-		var g got
+		var g stamped
 		select {
 		case g = <-took:
 		case <-time.After(s.slack + time.Second):
@@ -119,16 +112,7 @@ func (s *suite) cancelledWaiterRetakes(t *testing.T) {
 	if err := <-errc; !errors.Is(err, context.Canceled) {
 		t.Fatalf("the cancelled Acquire: %v; want context.Canceled", err)
 	}
-	type got struct {
-		at time.Time
-		l  *lock.Lease
-	}
-	took := make(chan got, 1)
-	again := acquireLater(ctx, t, c, key)
-	go func() {
-		l := <-again
-		took <- got{time.Now(), l}
-	}()
+	took := acquireStamped(ctx, t, c, key)
 	select {
 	case <-lockedReplies(b):
 	case g := <-took:
@@ -143,7 +127,7 @@ func (s *suite) cancelledWaiterRetakes(t *testing.T) {
 	if err := h.Release(ctx); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	var g got
+	var g stamped
 	select {
 	case g = <-took:
 	case <-time.After(s.slack + time.Second):
@@ -165,4 +149,22 @@ func (s *suite) cancelledWaiterRetakes(t *testing.T) {
 	if err := g.l.Release(ctx); err != nil {
 		t.Errorf("Release: %v", err)
 	}
+}
+
+// stamped is a lease with the time it reached its caller.
+type stamped struct {
+	at time.Time
+	l  *lock.Lease
+}
+
+// acquireStamped is acquireLater, whose lease comes with the time it
+// arrived (nil when the Acquire failed).
+func acquireStamped(ctx context.Context, t *testing.T, c *lock.Client, key string, opts ...lock.Option) <-chan stamped {
+	got := acquireLater(ctx, t, c, key, opts...)
+	out := make(chan stamped, 1)
+	go func() {
+		l := <-got
+		out <- stamped{time.Now(), l}
+	}()
+	return out
 }
