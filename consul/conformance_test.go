@@ -170,6 +170,7 @@ func (h *harness) Restart(_ context.Context, keepData bool) error {
 }
 
 func TestConformance(t *testing.T) {
+	t.Parallel() // with the other suite over a server of its own: both mostly wait out TTLs
 	conformance.Run(t, func(t *testing.T) conformance.Harness {
 		return &harness{t: t, agent: consultest.Start(t)}
 	}, conformance.RequireHooks())
@@ -192,5 +193,5 @@ func TestFaultRuns(t *testing.T) {
 func TestFaultRunsCatchFlaws(t *testing.T) {
 	conformance.RunFlawControls(t, func(t *testing.T) conformance.Harness {
 		return &harness{t: t, agent: consultest.Start(t)}
-	}, 10, []string{"repeat-fence"}, conformance.FaultDuration(20*time.Second), conformance.FaultContenders(6), conformance.FaultKeys(1))
+	}, 5, []string{"repeat-fence"}, conformance.FaultDuration(20*time.Second), conformance.FaultContenders(6), conformance.FaultKeys(1))
 }

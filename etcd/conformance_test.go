@@ -195,6 +195,7 @@ func (h *harness) Restart(_ context.Context, keepData bool) error {
 }
 
 func TestConformance(t *testing.T) {
+	t.Parallel() // with the other suite over a server of its own: both mostly wait out TTLs
 	conformance.Run(t, func(t *testing.T) conformance.Harness {
 		return &harness{t: t, srv: startEtcd(t)}
 	}, conformance.RequireHooks())
@@ -210,13 +211,18 @@ func TestFaultRuns(t *testing.T) {
 // The negative control under faults: the same runs over a wrapper with a
 // known flaw must find it (expire-early is left out: the suite's short TTL
 // is etcd's minimum, which a flawed request cannot shorten).
+//
+// flawControlRuns: each run takes 20-25s of etcd's time, and each must
+// catch the flaw (95%); 5 runs keep the package within CI's hour.
+const flawControlRuns = 5
+
 func TestFaultRunsCatchFlaws(t *testing.T) {
 	newHarness := func(t *testing.T) conformance.Harness { return &harness{t: t, srv: startEtcd(t)} }
-	conformance.RunFlawControls(t, newHarness, 10, []string{"repeat-fence"}, conformance.FaultDuration(20*time.Second), conformance.FaultContenders(6), conformance.FaultKeys(1))
+	conformance.RunFlawControls(t, newHarness, flawControlRuns, []string{"repeat-fence"}, conformance.FaultDuration(20*time.Second), conformance.FaultContenders(6), conformance.FaultKeys(1))
 	// A release that ignores the token shows only when a stale release
 	// meets another owner's lock: with 6 contenders one CI run's seed 1000
 	// saw none in 20s; with 12 it saw 13 (10 of 10 caught), and in 10s one
 	// seed of 10 still saw none; with 12 in 20s, a CI run's seed 1008 saw
 	// none (9 of 10). With 16 for 25s: 10 of 10 on a quiet machine.
-	conformance.RunFlawControls(t, newHarness, 10, []string{"release-ignores-token"}, conformance.FaultDuration(25*time.Second), conformance.FaultContenders(16), conformance.FaultKeys(1))
+	conformance.RunFlawControls(t, newHarness, flawControlRuns, []string{"release-ignores-token"}, conformance.FaultDuration(25*time.Second), conformance.FaultContenders(16), conformance.FaultKeys(1))
 }

@@ -21,7 +21,7 @@ import (
 const (
 	redisBudget         = 300
 	redisSweepBudget    = 150
-	redisSessionsBudget = 100
+	redisSessionsBudget = 60
 	redlockBudget       = 25
 )
 
