@@ -170,7 +170,6 @@ func (h *harness) Restart(_ context.Context, keepData bool) error {
 }
 
 func TestConformance(t *testing.T) {
-	t.Parallel() // with the other suite over a server of its own: both mostly wait out TTLs
 	conformance.Run(t, func(t *testing.T) conformance.Harness {
 		return &harness{t: t, agent: consultest.Start(t)}
 	}, conformance.RequireHooks())

@@ -25,7 +25,6 @@ import (
 // The whole suite with shared sessions: the self-renewing leases of one TTL
 // share a Consul session.
 func TestConformanceSessions(t *testing.T) {
-	t.Parallel() // with the other suite over a server of its own: both mostly wait out TTLs
 	conformance.Run(t, func(t *testing.T) conformance.Harness {
 		return &harness{t: t, agent: consultest.Start(t), sessions: true}
 	}, conformance.RequireHooks())

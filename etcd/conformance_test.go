@@ -195,7 +195,6 @@ func (h *harness) Restart(_ context.Context, keepData bool) error {
 }
 
 func TestConformance(t *testing.T) {
-	t.Parallel() // with the other suite over a server of its own: both mostly wait out TTLs
 	conformance.Run(t, func(t *testing.T) conformance.Harness {
 		return &harness{t: t, srv: startEtcd(t)}
 	}, conformance.RequireHooks())

@@ -21,7 +21,6 @@ import (
 // The whole suite with sessions: the self-renewing leases of one TTL share
 // an etcd lease.
 func TestConformanceSessions(t *testing.T) {
-	t.Parallel() // with the other suite over a server of its own: both mostly wait out TTLs
 	conformance.Run(t, func(t *testing.T) conformance.Harness {
 		return &harness{t: t, srv: startEtcd(t), sessions: true}
 	}, conformance.RequireHooks())
