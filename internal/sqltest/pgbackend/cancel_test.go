@@ -18,13 +18,8 @@ import (
 // free. (Should the cancel request come too late, the backend's dead
 // tokens make package lock's cleanup release win: see the package doc.)
 func TestCallWaitingForARowLockEndsWithItsContext(t *testing.T) {
-	h := newHarness(t).(*harness)
+	h, b := harnessAndBackend(t)
 	ctx := context.Background()
-	b, err := h.NewBackend(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
 	const key, token = "row-locked", "0123456789abcdef0123456789abcdef"
 	if err := b.Release(ctx, key, "fedcba9876543210fedcba9876543210"); !errors.Is(err, backend.ErrNotHeld) {
 		t.Fatalf("Release of a free key: %v; want ErrNotHeld (and the key's row)", err)
